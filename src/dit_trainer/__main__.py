@@ -1,0 +1,4 @@
+from dit_trainer.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
