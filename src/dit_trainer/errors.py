@@ -1,0 +1,17 @@
+"""Errors for bad input: each message is one line naming the file or key and what to do."""
+
+
+class DitError(Exception):
+    """Base for user-facing errors; the CLI prints these as one line, without a traceback."""
+
+
+class ConfigError(DitError, ValueError):
+    """A config key or value is wrong."""
+
+
+class DataError(DitError, ValueError):
+    """A dataset file or folder is wrong."""
+
+
+class CheckpointError(DitError, ValueError):
+    """A checkpoint or weights file cannot be used."""
