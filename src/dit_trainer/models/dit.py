@@ -1,0 +1,225 @@
+"""Scalable Diffusion Models with Transformers (Peebles & Xie, 2023).
+
+A DiT turns a noised latent x_t, its timestep t and a class label y into a prediction of the
+noise (and, with a learned sigma, of the variance interpolation). Conditioning enters every
+block through adaptive LayerNorm whose modulation starts at zero (adaLN-Zero), so each block
+begins as the identity. Names of modules and parameters follow the facebookresearch/DiT
+release, so its checkpoints load with `strict=True`.
+"""
+
+import torch
+import torch.nn as nn
+
+from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, timestep_embedding
+
+
+def modulate(x, shift, scale):
+    """adaLN: scale and shift normalised tokens by per-sample conditioning vectors."""
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+class TimestepEmbedder(nn.Module):
+    """Embeds scalar timesteps: sinusoidal frequencies, then an MLP."""
+
+    def __init__(self, hidden_size, frequency_embedding_size=256):
+        super().__init__()
+        self.mlp = nn.Sequential(
+            nn.Linear(frequency_embedding_size, hidden_size, bias=True),
+            nn.SiLU(),
+            nn.Linear(hidden_size, hidden_size, bias=True),
+        )
+        self.frequency_embedding_size = frequency_embedding_size
+
+    timestep_embedding = staticmethod(timestep_embedding)
+
+    def forward(self, t):
+        return self.mlp(timestep_embedding(t, self.frequency_embedding_size))
+
+
+class LabelEmbedder(nn.Module):
+    """Embeds class labels; row `num_classes` is the null class that classifier-free guidance
+    trains by dropping labels with probability `dropout_prob`."""
+
+    def __init__(self, num_classes, hidden_size, dropout_prob):
+        super().__init__()
+        use_cfg_embedding = dropout_prob > 0
+        self.embedding_table = nn.Embedding(num_classes + use_cfg_embedding, hidden_size)
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+
+    def token_drop(self, labels, force_drop_ids=None):
+        """Replace dropped labels by the null class."""
+        if force_drop_ids is None:
+            drop_ids = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+        else:
+            drop_ids = force_drop_ids == 1
+        return torch.where(drop_ids, self.num_classes, labels)
+
+    def forward(self, labels, train, force_drop_ids=None):
+        if (train and self.dropout_prob > 0) or force_drop_ids is not None:
+            labels = self.token_drop(labels, force_drop_ids)
+        return self.embedding_table(labels)
+
+
+class DiTBlock(nn.Module):
+    """Transformer block with adaLN-Zero conditioning: six modulation vectors from c."""
+
+    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
+
+    def forward(self, x, c):
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x
+
+
+class FinalLayer(nn.Module):
+    """adaLN-modulated LayerNorm and a linear map from tokens to patches."""
+
+    def __init__(self, hidden_size, patch_size, out_channels):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size, bias=True))
+
+    def forward(self, x, c):
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class DiT(nn.Module):
+    """Diffusion model with a transformer backbone."""
+
+    def __init__(
+        self,
+        input_size=32,
+        patch_size=2,
+        in_channels=4,
+        hidden_size=1152,
+        depth=28,
+        num_heads=16,
+        mlp_ratio=4.0,
+        class_dropout_prob=0.1,
+        num_classes=1000,
+        learn_sigma=True,
+    ):
+        super().__init__()
+        if input_size % patch_size:
+            raise ValueError(f"input_size {input_size} is not divisible by patch_size {patch_size}")
+        self.learn_sigma = learn_sigma
+        self.in_channels = in_channels
+        self.out_channels = in_channels * 2 if learn_sigma else in_channels
+        self.patch_size = patch_size
+        self.num_heads = num_heads
+        self.num_classes = num_classes
+        self.input_size = input_size
+
+        self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True)
+        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        # A frozen Parameter rather than a buffer, as in the release: same state_dict, same count.
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
+        self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio) for _ in range(depth)])
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        self.initialize_weights()
+
+    def initialize_weights(self):
+        """Xavier linears, sin-cos positions, and zeros wherever adaLN-Zero needs them."""
+
+        def _basic_init(module):
+            if isinstance(module, nn.Linear):
+                torch.nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.constant_(module.bias, 0)
+
+        self.apply(_basic_init)
+        grid = int(self.x_embedder.num_patches**0.5)
+        pos_embed = get_2d_sincos_pos_embed(self.pos_embed.shape[-1], grid)
+        self.pos_embed.data.copy_(torch.from_numpy(pos_embed).float().unsqueeze(0))
+
+        # The patch conv is initialised like a linear layer over its flattened kernel.
+        w = self.x_embedder.proj.weight.data
+        nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+        nn.init.constant_(self.x_embedder.proj.bias, 0)
+
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+
+        for block in self.blocks:
+            nn.init.constant_(block.adaLN_modulation[-1].weight, 0)
+            nn.init.constant_(block.adaLN_modulation[-1].bias, 0)
+        nn.init.constant_(self.final_layer.adaLN_modulation[-1].weight, 0)
+        nn.init.constant_(self.final_layer.adaLN_modulation[-1].bias, 0)
+        nn.init.constant_(self.final_layer.linear.weight, 0)
+        nn.init.constant_(self.final_layer.linear.bias, 0)
+
+    def unpatchify(self, x):
+        """(B, N, p*p*C) tokens back to (B, C, H, W) images."""
+        c = self.out_channels
+        p = self.x_embedder.patch_size[0]
+        h = w = int(x.shape[1] ** 0.5)
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(x.shape[0], c, h * p, w * p)
+
+    def embed(self, x, t, y):
+        """Input stage: patch tokens with positions, and the conditioning vector c = t + y."""
+        tokens = self.x_embedder(x) + self.pos_embed
+        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        return tokens, c
+
+    def head(self, tokens, c):
+        """Output stage: final adaLN layer and unpatchify."""
+        return self.unpatchify(self.final_layer(tokens, c))
+
+    def forward(self, x, t, y):
+        """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W)."""
+        tokens, c = self.embed(x, t, y)
+        for block in self.blocks:
+            tokens = block(tokens, c)
+        return self.head(tokens, c)
+
+    def forward_with_cfg(self, x, t, y, cfg_scale, cfg_channels=None):
+        """Classifier-free guidance: the batch holds conditional then unconditional halves.
+
+        Guidance applies to the first `cfg_channels` output channels, by default all predicted-noise
+        channels (`in_channels`). The original release guided only the first three (`cfg_channels=3`),
+        which its published FIDs used.
+        """
+        half = x[: len(x) // 2]
+        combined = torch.cat([half, half], dim=0)
+        model_out = self.forward(combined, t, y)
+        n = self.in_channels if cfg_channels is None else cfg_channels
+        eps, rest = model_out[:, :n], model_out[:, n:]
+        cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
+        half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
+        eps = torch.cat([half_eps, half_eps], dim=0)
+        return torch.cat([eps, rest], dim=1)
+
+
+_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+
+
+def _constructor(size, patch):
+    depth, hidden, heads = _SIZES[size]
+
+    def build(**kwargs):
+        return DiT(depth=depth, hidden_size=hidden, patch_size=patch, num_heads=heads, **kwargs)
+
+    build.__name__ = f"DiT_{size}_{patch}"
+    build.__doc__ = f"DiT-{size}/{patch}: depth {depth}, hidden {hidden}, {heads} heads, patch {patch}."
+    return build
+
+
+DiT_models = {f"DiT-{size}/{patch}": _constructor(size, patch) for size in _SIZES for patch in (2, 4, 8)}
+DiT_XL_2, DiT_XL_4, DiT_XL_8 = (DiT_models[f"DiT-XL/{p}"] for p in (2, 4, 8))
+DiT_L_2, DiT_L_4, DiT_L_8 = (DiT_models[f"DiT-L/{p}"] for p in (2, 4, 8))
+DiT_B_2, DiT_B_4, DiT_B_8 = (DiT_models[f"DiT-B/{p}"] for p in (2, 4, 8))
+DiT_S_2, DiT_S_4, DiT_S_8 = (DiT_models[f"DiT-S/{p}"] for p in (2, 4, 8))
