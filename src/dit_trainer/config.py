@@ -25,6 +25,11 @@ class ModelConfig:
     num_classes: int = 1000
     learn_sigma: bool = True
     class_dropout_prob: float = 0.1
+    # Optional size overrides of the named family member (None keeps the paper's size).
+    depth: Optional[int] = None
+    hidden_size: Optional[int] = None
+    num_heads: Optional[int] = None
+    mlp_ratio: Optional[float] = None
     weights_path: Optional[str] = None  # our checkpoint dir, an original DiT .pt, or .safetensors
 
 
@@ -70,6 +75,7 @@ class TrainConfig:
     seed: int = 0
     mixed_precision: str = "bf16"  # bf16 | fp16 | fp32; bf16 falls back to fp32 where unsupported
     ema_decay: float = 0.9999
+    ema_warmup: bool = False  # decay min(ema_decay, (1+step)/(10+step)): short runs get a useful EMA
     activation_checkpointing: str = "none"  # none | full | selective
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda

@@ -169,19 +169,23 @@ class DiT(nn.Module):
         x = torch.einsum("nhwpqc->nchpwq", x)
         return x.reshape(x.shape[0], c, h * p, w * p)
 
-    def embed(self, x, t, y):
+    def embed(self, x, t, y, force_drop_ids=None):
         """Input stage: patch tokens with positions, and the conditioning vector c = t + y."""
         tokens = self.x_embedder(x) + self.pos_embed
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
         return tokens, c
 
     def head(self, tokens, c):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y):
-        """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W)."""
-        tokens, c = self.embed(x, t, y)
+    def forward(self, x, t, y, force_drop_ids=None):
+        """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W).
+
+        `force_drop_ids` (B,) marks labels to replace by the null class; the trainer draws it from
+        its own seeded generator so that every parallel layout drops the same labels.
+        """
+        tokens, c = self.embed(x, t, y, force_drop_ids)
         for block in self.blocks:
             tokens = block(tokens, c)
         return self.head(tokens, c)
@@ -211,7 +215,9 @@ def _constructor(size, patch):
     depth, hidden, heads = _SIZES[size]
 
     def build(**kwargs):
-        return DiT(depth=depth, hidden_size=hidden, patch_size=patch, num_heads=heads, **kwargs)
+        # Size arguments may be overridden (small models for tests and the demo keep the family).
+        kwargs = {"depth": depth, "hidden_size": hidden, "patch_size": patch, "num_heads": heads, **kwargs}
+        return DiT(**kwargs)
 
     build.__name__ = f"DiT_{size}_{patch}"
     build.__doc__ = f"DiT-{size}/{patch}: depth {depth}, hidden {hidden}, {heads} heads, patch {patch}."

@@ -25,7 +25,10 @@ class ModelSpec:
 _REGISTRY: dict[str, ModelSpec] = {}
 
 # Fields of ModelConfig that are model constructor arguments.
-MODEL_KWARGS = ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")
+MODEL_KWARGS = (
+    "input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob",
+    "depth", "hidden_size", "num_heads", "mlp_ratio",
+)
 
 
 def register_spec(name: str, spec: ModelSpec) -> None:

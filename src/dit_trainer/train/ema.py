@@ -1,0 +1,30 @@
+"""Exponential moving average of the weights: what sampling uses."""
+
+import copy
+
+import torch
+
+
+def create_ema(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `model` to hold the moving average."""
+    ema = copy.deepcopy(model)
+    ema.requires_grad_(False)
+    ema.eval()
+    return ema
+
+
+def ema_decay_at(step: int, decay: float, warmup: bool) -> float:
+    """The decay for this update; with warmup, early steps average over fewer steps."""
+    return min(decay, (1 + step) / (10 + step)) if warmup else decay
+
+
+@torch.no_grad()
+def update_ema(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """ema ← decay·ema + (1−decay)·model, parameter by parameter, as DiT's `update_ema`."""
+    ema_params = [p for _, p in ema.named_parameters()]
+    params = [p.detach() for _, p in model.named_parameters()]
+    if len(ema_params) != len(params):
+        raise RuntimeError("EMA and model have different parameters")
+    # Under FSDP these are DTensors; foreach ops work on their local shards.
+    torch._foreach_mul_(ema_params, decay)
+    torch._foreach_add_(ema_params, params, alpha=1 - decay)

@@ -1,0 +1,54 @@
+"""Where training numbers go: console, `metrics.jsonl`, and TensorBoard when installed."""
+
+import json
+import warnings
+from pathlib import Path
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step; only the main process should own one."""
+
+    def __init__(self, output_dir, tensorboard=True, enabled=True):
+        self.enabled = enabled
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+            except ImportError:
+                warnings.warn("tensorboard is not installed (pip install dit-trainer[tensorboard]); logging to metrics.jsonl only")
+
+    def log(self, step: int, values: dict) -> None:
+        """Append `values` for `step` to every sink."""
+        if not self.enabled:
+            return
+        record = {"step": step, **values}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)):
+                    self._tb.add_scalar(f"train/{k}", v, step)
+            self._tb.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past `step`, so a resumed run does not log steps twice."""
+        if not self.enabled or not self.path.exists():
+            return
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path) -> list[dict]:
+    """All records of a `metrics.jsonl`."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
