@@ -1,0 +1,285 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), and full-weight export.
+
+Every rank writes its own shards of the model, the EMA and the optimizer; DCP's metadata records
+where each shard sits in the full tensor, so a checkpoint written under one layout (2 ranks of
+FSDP, say) loads under any other (1 rank, or 4 ranks of FSDP x TP). Tensor parallelism regroups
+the rows of `attn.qkv` per rank (see `apply_tp`); checkpoints always hold the released
+[q | k | v] layout, so they never depend on the tp degree they were written with.
+"""
+
+import io
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+
+from dit_trainer.errors import CheckpointError
+from dit_trainer.parallel.parallelize import qkv_tp_degrees, qkv_to_released_layout, qkv_to_tp_layout
+from dit_trainer.parallel.utils import full, is_dtensor
+
+def _options(**kwargs):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Flattened optimizer keys ("state.blocks.3.attn.qkv.weight.exp_avg") do not depend on how
+    # parameters are grouped into optimizers, so pipeline layouts can differ between save and load.
+    return StateDictOptions(flatten_optimizer_state_dict=True, **kwargs)
+
+
+def _as_list(x):
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _qkv_keys(model_parts) -> dict:
+    """Parameter FQN -> tp degree for every regrouped qkv weight and bias."""
+    out = {}
+    for part in model_parts:
+        for prefix, tp in qkv_tp_degrees(part).items():
+            for leaf in ("weight", "bias"):
+                out[f"{prefix}.{leaf}"] = tp
+    return out
+
+
+def _qkv_degree(key: str, qkv: dict):
+    """The tp degree if `key` is a regrouped qkv tensor (model/EMA key or a flattened optimizer state)."""
+    if key in qkv:
+        return qkv[key]
+    if key.startswith("state."):
+        for fqn, tp in qkv.items():
+            if key.startswith(f"state.{fqn}."):
+                return tp
+    return None
+
+
+def _relayout(value, tp: int, fn):
+    """Apply a row permutation to the full tensor and re-shard it exactly as it was."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    if not is_dtensor(value):
+        return fn(value, tp)
+    from torch.distributed.tensor import distribute_tensor
+
+    # Gathers one qkv tensor at a time: the peak is one full qkv, not the model.
+    moved = fn(value.full_tensor(), tp)
+    return distribute_tensor(moved, value.device_mesh, value.placements, src_data_rank=None)
+
+
+def _relayout_all(sd: dict, qkv: dict, fn) -> dict:
+    if not qkv:
+        return sd
+    return {k: (_relayout(v, t, fn) if (t := _qkv_degree(k, qkv)) else v) for k, v in sd.items()}
+
+
+def _groups(model_parts, optimizers):
+    """(module, optimizer, strip) triples: one optimizer over several stages sees them as one ModuleList."""
+    optimizers = _as_list(optimizers)
+    if len(optimizers) == 1 and len(model_parts) > 1:
+        return [(nn.ModuleList(model_parts), optimizers[0], True)]
+    if optimizers and len(optimizers) != len(model_parts):
+        raise ValueError("pass one optimizer, or one per model part")
+    return [(part, optimizers[i] if optimizers else None, False) for i, part in enumerate(model_parts)]
+
+
+def _strip(key: str) -> str:
+    """Drop the ModuleList index: "0.blocks.3.x" -> "blocks.3.x", "state.0.blocks.3.x.exp_avg" -> "state.blocks.3.x.exp_avg"."""
+    head, _, rest = key.partition(".")
+    if head in ("state", "param_groups"):
+        return f"{head}.{rest.partition('.')[2]}"
+    return rest
+
+
+def _state_dicts(model_parts, optimizers):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    model_sd, optim_sd = {}, {}
+    for module, optimizer, strip in _groups(model_parts, optimizers):
+        if optimizer is not None:
+            m, o = get_state_dict(module, optimizer, options=_options())
+        else:
+            m, o = get_model_state_dict(module, options=_options()), {}
+        model_sd.update({_strip(k) if strip else k: v for k, v in m.items()})
+        optim_sd.update({_strip(k) if strip else k: v for k, v in o.items()})
+    return model_sd, optim_sd
+
+
+def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=None, async_save=False, process_group=None):
+    """Write model, optimizer, EMA and trainer state shards under `path` (a directory); all ranks call it.
+
+    With `async_save` the tensors are staged to CPU and written in the background; the returned
+    future must be waited on before the next save.
+    """
+    model_parts = _as_list(model_parts)
+    qkv = _qkv_keys(model_parts)
+    model_sd, optim_sd = _state_dicts(model_parts, optimizers)
+    state = {"model": _relayout_all(model_sd, qkv, qkv_to_released_layout)}
+    if optim_sd:
+        state["optimizer"] = _relayout_all(optim_sd, qkv, qkv_to_released_layout)
+    if ema is not None:
+        state["ema"] = _relayout_all(ema.state_dict(), qkv, qkv_to_released_layout)
+    if trainer_state is not None:
+        # One pickled blob: RNG states and counters are the same on every rank (the global batch is
+        # drawn identically everywhere), so DCP keeps a single copy whatever the world size.
+        buf = io.BytesIO()
+        torch.save(trainer_state, buf)
+        buf.seek(0)
+        state["trainer"] = buf
+    if async_save:
+        return dcp.async_save(state, checkpoint_id=str(path), process_group=process_group)
+    dcp.save(state, checkpoint_id=str(path), process_group=process_group)
+    return None
+
+
+def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_state=True):
+    """Load a checkpoint written by `save_sharded` under any layout into this one; returns the trainer state."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    model_parts = _as_list(model_parts)
+    optimizers = _as_list(optimizers)
+    qkv = _qkv_keys(model_parts)
+    model_sd, optim_sd = _state_dicts(model_parts, optimizers)
+
+    def template(sd):
+        # qkv tensors receive the released layout into scratch copies, converted below.
+        return {k: (v.detach().clone() if _qkv_degree(k, qkv) and isinstance(v, torch.Tensor) else v) for k, v in sd.items()}
+
+    state = {"model": template(model_sd)}
+    if optim_sd:
+        state["optimizer"] = template(optim_sd)
+    if ema is not None:
+        state["ema"] = template(ema.state_dict())
+    if load_trainer_state:
+        state["trainer"] = io.BytesIO()
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as err:  # DCP raises CheckpointException wrapping per-rank tracebacks
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"cannot load sharded checkpoint {path}: {first}") from err
+
+    model_sd = _relayout_all(state["model"], qkv, qkv_to_tp_layout)
+    optim_sd = _relayout_all(state.get("optimizer", {}), qkv, qkv_to_tp_layout)
+    for module, optimizer, strip in _groups(model_parts, optimizers):
+        # Keys back in the module's own naming (ModuleList index included when stages share an optimizer).
+        own = {}
+        for name, _ in list(module.named_parameters()) + list(module.named_buffers()):
+            own[_strip(name) if strip else name] = name
+        part_model = {own[k]: v for k, v in model_sd.items() if k in own}
+        if optimizer is not None:
+            part_optim = {}
+            for k, v in optim_sd.items():
+                head, _, rest = k.partition(".")
+                fqn, _, leaf = rest.rpartition(".")
+                if fqn in own:
+                    part_optim[f"{head}.{own[fqn]}.{leaf}"] = v
+            set_state_dict(module, optimizer, model_state_dict=part_model, optim_state_dict=part_optim, options=_options())
+        else:
+            set_model_state_dict(module, part_model, options=_options())
+    if ema is not None:
+        ema.load_state_dict(_relayout_all(state["ema"], qkv, qkv_to_tp_layout))
+    trainer = state.get("trainer")
+    return trainer if load_trainer_state and not isinstance(trainer, io.BytesIO) else None
+
+
+def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
+    """Resume a sharded layout from full files (`model.safetensors`, `ema.safetensors`, `optimizer.pt`).
+
+    The optimizer file of a 1-process run is keyed by position among the trainable parameters;
+    positions are mapped to names through the full model's parameter order, which pipeline
+    stages keep in their FQNs.
+    """
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    path = Path(path)
+    model_parts = _as_list(model_parts)
+    qkv = _qkv_keys(model_parts)
+
+    def to_tp(sd):
+        return {k: (qkv_to_tp_layout(v, qkv[k]) if k in qkv else v) for k, v in sd.items()}
+
+    full = StateDictOptions(full_state_dict=True, strict=False)
+    model_sd = to_tp(load_file(str(path / "model.safetensors")))
+    for part in model_parts:
+        own = {n for n, _ in part.named_parameters()}
+        set_model_state_dict(part, {k: v for k, v in model_sd.items() if k in own}, options=full)
+    if ema is not None:
+        ema_sd = to_tp(load_file(str(path / "ema.safetensors")))
+        ema.load_state_dict({k: v for k, v in ema_sd.items() if k in ema.shadow}, strict=False)
+    if optimizer is None or not (path / "optimizer.pt").is_file():
+        return
+    from dit_trainer.train.checkpoint import load_pt
+
+    osd = load_pt(path / "optimizer.pt")
+    names = _full_trainable_names(path)
+    state = {}
+    for idx, st in osd["state"].items():
+        fqn = names[int(idx)]
+        state[fqn] = {k: (qkv_to_tp_layout(v, qkv[fqn]) if fqn in qkv and torch.is_tensor(v) and v.dim() else v) for k, v in st.items()}
+    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in osd["param_groups"]]
+    for module, opt, strip in _groups(model_parts, optimizer):
+        own = {(_strip(n) if strip else n): n for n, _ in module.named_parameters()}
+        sub = {
+            "state": {own[k]: v for k, v in state.items() if k in own},
+            "param_groups": [{**g, "params": [own[p] for p in g["params"] if p in own]} for g in groups],
+        }
+        set_optimizer_state_dict(module, opt, sub, options=full)
+
+
+def _full_trainable_names(path) -> list:
+    """Trainable parameter names of the full model described by the checkpoint's config, in order."""
+    from dit_trainer.config import load_config
+    from dit_trainer.models import get_spec
+
+    cfg = load_config(str(path / "config.yaml"))
+    with torch.device("meta"):
+        model = get_spec(cfg.model.name).build_model_fn(cfg)
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+# ---------------------------------------------------------------------------------------------
+# Full weights
+
+
+def gather_full(tensors: dict, model_parts, dims=None) -> dict:
+    """Full tensors in the released layout on global rank 0 (every rank must call it); {} elsewhere."""
+    qkv = _qkv_keys(_as_list(model_parts))
+    out = {}
+    for key, value in tensors.items():
+        value = full(value.detach())
+        if key in qkv:
+            value = qkv_to_released_layout(value, qkv[key])
+        out[key] = value.cpu().contiguous()
+    if dims is not None and dims.pp_enabled:
+        # Each stage holds its own blocks; the first data/tensor-parallel rank of each stage sends them.
+        if dims.dp_rank == 0 and dims.tp_rank == 0:
+            parts = [None] * dims.pp if dims.pp_rank == 0 else None
+            dist.gather_object(out, parts, group=dims.mesh["pp"].get_group(), group_dst=0)
+            out = {k: v for p in parts for k, v in p.items()} if dims.pp_rank == 0 else {}
+        else:
+            out = {}
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    return out
+
+
+def model_tensors(model_parts) -> dict:
+    """FQN -> parameter (and buffer) of every part, as a state dict would name them."""
+    out = {}
+    for part in _as_list(model_parts):
+        out.update({n: p for n, p in part.named_parameters()})
+        out.update({n: b for n, b in part.named_buffers()})
+    return out
+
+
+def export_safetensors(path, tensors: dict, model_parts, dims=None, metadata=None) -> None:
+    """Write full weights (e.g. `ema.state_dict()`) to one safetensors file from rank 0; all ranks call it."""
+    from safetensors.torch import save_file
+
+    out = gather_full(tensors, model_parts, dims)
+    if out:
+        save_file({k: v.clone() for k, v in out.items()}, str(path), metadata=metadata)
+    if dist.is_initialized():
+        dist.barrier()
