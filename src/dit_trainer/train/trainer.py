@@ -79,6 +79,14 @@ class SingleProcess:
 class DiTTrainer:
     """Trains a registered model with Gaussian diffusion; see the module docstring."""
 
+    def __new__(cls, config=None, *args, **kwargs):
+        # Under torchrun (or with sharded checkpoints) the same call builds the parallel trainer.
+        if cls is DiTTrainer and _wants_parallel(config):
+            from dit_trainer.parallel.trainer import ParallelTrainer
+
+            cls = ParallelTrainer
+        return super().__new__(cls)
+
     def __init__(self, config, dataset=None):
         self.cfg = cfg = as_config(config)
         self.device = resolve_device(cfg.train.device)
@@ -91,8 +99,8 @@ class DiTTrainer:
         if cfg.model.weights_path:
             ckpt.load_into(model, ckpt.load_weights(cfg.model.weights_path), cfg.model.weights_path)
         model.to(self.device)
-        self.ema = create_ema(model)
         self.model = self._parallelize(model)
+        self.ema = self._create_ema(self.model)
 
         self.diffusion = build_diffusion(cfg)
         self.schedule_sampler = create_named_schedule_sampler(cfg.diffusion.timestep_sampler, self.diffusion)
@@ -120,6 +128,15 @@ class DiTTrainer:
 
     def _parallelize(self, model):
         return model
+
+    def _create_ema(self, model):
+        return create_ema(model)
+
+    def _update_ema(self, decay: float) -> None:
+        update_ema(self.ema, self._unwrapped(), decay)
+
+    def _clip_grads(self, max_norm: float):
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -166,7 +183,7 @@ class DiTTrainer:
             loss_sum += loss.detach()
         grad_norm = self._optimizer_step()
         self.step += 1
-        update_ema(self.ema, self._unwrapped(), ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
+        self._update_ema(ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
         out = {"loss": self.dims.all_reduce_mean(loss_sum).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
         if grad_norm is not None:
             out["grad_norm"] = float(grad_norm)
@@ -184,7 +201,7 @@ class DiTTrainer:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         if self.cfg.optim.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.max_grad_norm)
+            grad_norm = self._clip_grads(self.cfg.optim.max_grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -249,6 +266,11 @@ class DiTTrainer:
         """Resume from a checkpoint directory written by `save_checkpoint`."""
         from safetensors.torch import load_file
 
+        if (path / "dcp").is_dir():  # sharded, written by a parallel run: DCP reshards it to one process
+            from dit_trainer.parallel.checkpoint import load_sharded
+
+            self.load_trainer_state(load_sharded(path / "dcp", [self._unwrapped()], self.optimizer, self.ema))
+            return
         ckpt.load_into(self._unwrapped(), load_file(str(path / "model.safetensors")), path / "model.safetensors")
         ckpt.load_into(self.ema, load_file(str(path / "ema.safetensors")), path / "ema.safetensors")
         self.optimizer.load_state_dict(ckpt.load_pt(path / "optimizer.pt"))
@@ -315,7 +337,8 @@ class DiTTrainer:
                     last["grad_norm"] = out["grad_norm"]
                 logger.log(self.step, last)
                 running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), self.step
-            if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0 and main:
+            # Sharded EMA weights are gathered by every rank, so all of them call in.
+            if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0 and (main or self.dims.is_distributed):
                 self.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png")
             if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps:
                 self.save_checkpoint()
@@ -328,6 +351,17 @@ class DiTTrainer:
         from dit_trainer.sample import sample_grid_from_trainer
 
         return sample_grid_from_trainer(self, path, **kwargs)
+
+
+def _wants_parallel(config) -> bool:
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return True
+    try:
+        return bool(as_config(config).checkpoint.sharded)
+    except Exception:  # a bad config fails in __init__ with its own message
+        return False
 
 
 def _mkdir(*parts):
