@@ -178,7 +178,11 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
     if ema is not None:
         ema.load_state_dict(_relayout_all(state["ema"], qkv, qkv_to_tp_layout))
     trainer = state.get("trainer")
-    return trainer if load_trainer_state and not isinstance(trainer, io.BytesIO) else None
+    if isinstance(trainer, io.BytesIO):
+        # DCP fills the buffer with what save_sharded pickled: counters, RNG states, plain containers.
+        trainer.seek(0)
+        trainer = torch.load(trainer, map_location="cpu", weights_only=True) if trainer.getbuffer().nbytes else None
+    return trainer if load_trainer_state else None
 
 
 def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:

@@ -1,0 +1,99 @@
+"""Shared by the distributed tests and the torchrun worker: a tiny DiT run and its data."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from dit_trainer.config import config_from_dict
+
+STEPS = 10
+
+
+class TinyLatents(torch.utils.data.Dataset):
+    """64 fixed random 4x8x8 latents with labels in [0, 10)."""
+
+    def __init__(self, n=64):
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 4, 8, 8, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def tiny_config(out, parallel=None, **sections):
+    """Depth 4, hidden 64, 4 heads, 8x8x4 latents, 10 classes; global batch 8; checkpoints at 5 and 10."""
+    d = {
+        "output_dir": str(out),
+        "model": {"name": "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10,
+                  "depth": 4, "hidden_size": 64, "num_heads": 4},
+        "data": {"num_workers": 0},
+        "optim": {"lr": 1e-3},
+        "train": {"max_steps": STEPS, "global_batch_size": 8, "mixed_precision": "fp32", "device": "cpu",
+                  "ema_decay": 0.9, "seed": 0},
+        "checkpoint": {"save_steps": 5, "save_total_limit": 0},
+        "logging": {"log_steps": 1, "tensorboard": False, "progress": False},
+        "parallel": dict(parallel or {}),
+    }
+    for name, values in sections.items():
+        d.setdefault(name, {}).update(values)
+    return config_from_dict(d)
+
+
+def read_losses(out) -> dict:
+    """step -> loss from a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+# name -> parallel config; 2-rank and 4-rank layouts.
+LAYOUTS_2 = {
+    "ddp": {"dp_replicate": 2, "dp_shard": 1},
+    "fsdp": {"dp_shard": 2},
+    "tp": {"tp": 2, "dp_shard": 1},
+    "pp_gpipe": {"pp": 2, "dp_shard": 1, "pp_schedule": "gpipe", "pp_microbatches": 4},
+    "pp_1f1b": {"pp": 2, "dp_shard": 1, "pp_schedule": "1f1b", "pp_microbatches": 4},
+}
+LAYOUTS_4 = {
+    "fsdp_tp": {"dp_shard": 2, "tp": 2},
+    "hsdp": {"dp_replicate": 2, "dp_shard": 2},
+    "pp_fsdp": {"pp": 2, "dp_shard": 2, "pp_microbatches": 2},
+    "pp_interleaved_tp": {"pp": 2, "tp": 2, "dp_shard": 1, "pp_schedule": "interleaved1f1b", "pp_microbatches": 4},
+}
+
+
+def final_weights(run, step=STEPS):
+    """(model, ema) full state dicts of a run's checkpoint, from DCP shards or safetensors."""
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    ck = Path(run) / "checkpoints" / f"step-{step:08d}"
+    ema = load_file(str(ck / "ema.safetensors"))
+    if (ck / "dcp").is_dir():
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(str(ck / "dcp"), f"{tmp}/full.pt")
+            model = torch.load(f"{tmp}/full.pt", weights_only=False)["model"]
+    else:
+        model = load_file(str(ck / "model.safetensors"))
+    return model, ema
+
+
+def launch(nproc, *args, timeout=300):
+    """Run `python -m torch.distributed.run --standalone --nproc_per_node N ARGS`; fail with its log tail."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return proc

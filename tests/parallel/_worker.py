@@ -1,0 +1,43 @@
+"""torchrun worker: train the tiny DiT under several layouts in one launch (process-group start-up
+is the slow part), and resume 2-rank checkpoints under this launch's layouts."""
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from _common import LAYOUTS_2, LAYOUTS_4, TinyLatents, tiny_config  # noqa: E402
+from dit_trainer.train import DiTTrainer  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layouts", default="")
+    ap.add_argument("--resume", default="", help="layout=checkpoint_dir,... : continue those checkpoints under layout")
+    args = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo")
+    layouts = {**LAYOUTS_2, **LAYOUTS_4}
+    out = Path(args.out)
+    for name in filter(None, args.layouts.split(",")):
+        DiTTrainer(tiny_config(out / name, layouts[name]), dataset=TinyLatents()).train()
+    for item in filter(None, args.resume.split(",")):
+        name, src = item.split("=")
+        run = out / f"resume_{name}_{Path(src).parent.parent.name}"
+        if dist.get_rank() == 0:
+            shutil.rmtree(run, ignore_errors=True)
+            (run / "checkpoints").mkdir(parents=True)
+            shutil.copytree(src, run / "checkpoints" / Path(src).name)
+        dist.barrier()
+        DiTTrainer(tiny_config(run, layouts[name]), dataset=TinyLatents()).train()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Every layout trains the tiny DiT to the single-process losses and weights, and DCP checkpoints
+written on 2 ranks resume on 1 and on 4 ranks (other layouts) to the uninterrupted run."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, launch, read_losses, tiny_config
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).parent / "_worker.py"
+# 2-rank checkpoints (step 5) continued under other layouts: (layout, source run).
+RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b")]
+RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp"]
+
+
+def _single_process(run, **kwargs):
+    from dit_trainer.train import DiTTrainer
+
+    DiTTrainer(tiny_config(run, **kwargs), dataset=TinyLatents()).train()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("layouts")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _single_process(out / "reference")
+    finally:
+        torch.use_deterministic_algorithms(was)
+    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
+    resume = ",".join(f"{name}={out / src / 'checkpoints' / 'step-00000005'}" for name, src in RESUME_4)
+    launch(4, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_4), "--resume", resume)
+    for src in RESUME_1:
+        run = out / f"resume_single_{src}"
+        (run / "checkpoints").mkdir(parents=True)
+        shutil.copytree(out / src / "checkpoints" / "step-00000005", run / "checkpoints" / "step-00000005")
+        _single_process(run)  # DCP shards of 2 ranks, loaded by one process
+    return out
+
+
+def _assert_losses_match(got: dict, ref: dict, steps):
+    assert sorted(got) == list(steps)
+    for s in steps:
+        assert abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]), f"step {s}: {got[s]} vs single-process {ref[s]}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS_2) + list(LAYOUTS_4))
+def test_layout_matches_single_process(runs, layout):
+    ref = read_losses(runs / "reference")
+    _assert_losses_match(read_losses(runs / layout), ref, range(1, STEPS + 1))
+    ref_model, ref_ema = final_weights(runs / "reference")
+    model, ema = final_weights(runs / layout)
+    assert sorted(model) == sorted(ref_model) and sorted(ema) == sorted(ref_ema)
+    for k in ref_model:  # qkv included: checkpoints hold the released [q | k | v] layout
+        torch.testing.assert_close(model[k], ref_model[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"model {k}: {m}")
+    for k in ref_ema:
+        torch.testing.assert_close(ema[k], ref_ema[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"ema {k}: {m}")
+
+
+@pytest.mark.parametrize("layout,source", RESUME_4)
+def test_resume_two_ranks_on_four(runs, layout, source):
+    ref = read_losses(runs / "reference")
+    _assert_losses_match(read_losses(runs / f"resume_{layout}_{source}"), ref, range(6, STEPS + 1))
+
+
+@pytest.mark.parametrize("source", RESUME_1)
+def test_resume_two_ranks_on_one(runs, source):
+    ref = read_losses(runs / "reference")
+    _assert_losses_match(read_losses(runs / f"resume_single_{source}"), ref, range(6, STEPS + 1))
