@@ -1,0 +1,124 @@
+"""In-process checks of the parallel building blocks (no process group needed)."""
+
+import pytest
+import torch
+
+from dit_trainer.errors import ConfigError
+from dit_trainer.models import DiT
+from dit_trainer.parallel import ParallelDims, apply_ac, qkv_to_released_layout, qkv_to_tp_layout
+from dit_trainer.parallel.ema import ShardedEMA
+from dit_trainer.parallel.pipeline import build_stage_module, pack_target, stage_ranges, unpack_target
+from dit_trainer.train.ema import create_ema, update_ema
+
+
+def test_free_degree_takes_the_rest():
+    dims = ParallelDims(dp_replicate=1, dp_shard=-1, tp=2, pp=2, world_size=8)
+    assert (dims.dp_shard, dims.dp_size, dims.fsdp_enabled, dims.tp_enabled, dims.pp_enabled) == (2, 2, True, True, True)
+    assert ParallelDims(world_size=1).dp_shard == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(dp_shard=1, tp=4, world_size=2), "do not multiply to the world size 2"),
+        (dict(dp_shard=-1, tp=3, world_size=4), "do not multiply to the world size 4"),
+        (dict(dp_shard=-1, tp=-1, world_size=4), "only one parallel degree may be -1"),
+        (dict(dp_shard=0, world_size=1), "must be positive or -1"),
+    ],
+)
+def test_bad_degrees_are_one_line_errors(kwargs, needle):
+    with pytest.raises(ConfigError) as info:
+        ParallelDims(**kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_qkv_regrouping_gives_each_rank_whole_heads():
+    heads, head_dim, tp = 4, 2, 2
+    dim = heads * head_dim
+    # Row r of the released qkv: (which of q/k/v, head, channel) encoded as a number.
+    rows = torch.tensor([s * 100 + h * 10 + c for s in range(3) for h in range(heads) for c in range(head_dim)])
+    w = rows[:, None].float().expand(3 * dim, 5).contiguous()
+    grouped = qkv_to_tp_layout(w, tp)
+    for r, shard in enumerate(grouped.chunk(tp)):
+        codes = shard[:, 0].long().view(3, -1)  # what Attention.forward reshapes into (3, heads/tp, head_dim)
+        assert codes.div(100, rounding_mode="floor").unique(dim=1).flatten().tolist() == [0, 1, 2]
+        own = {int(v) // 10 % 10 for v in codes.flatten()}
+        assert own == set(range(r * heads // tp, (r + 1) * heads // tp))
+    assert torch.equal(qkv_to_released_layout(grouped, tp), w)
+    bias = rows.float()
+    assert torch.equal(qkv_to_released_layout(qkv_to_tp_layout(bias, tp), tp), bias)
+
+
+def test_target_round_trip():
+    x, n = torch.randn(3, 4, 2, 2), torch.randn(3, 4, 2, 2)
+    t, w = torch.tensor([0, 517, 999]), torch.tensor([1.0, 0.5, 2.0])
+    packed = pack_target(x, n, t, w)
+    assert packed.is_contiguous() and packed.shape == (3, 2 * 16 + 2)
+    x2, n2, t2, w2 = unpack_target(packed, (4, 2, 2))
+    assert torch.equal(x2, x) and torch.equal(n2, n) and torch.equal(t2, t) and torch.equal(w2, w)
+
+
+def test_stage_ranges():
+    assert stage_ranges(28, 4) == [(0, 7), (7, 14), (14, 21), (21, 28)]
+    assert stage_ranges(5, 2) == [(0, 3), (3, 5)]
+    with pytest.raises(ConfigError):
+        stage_ranges(2, 4)
+
+
+def _tiny(**kw):
+    torch.manual_seed(0)
+    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=3, num_heads=4, num_classes=10, **kw)
+    for p in model.parameters():  # leave adaLN-Zero's identity start so that gradients are non-trivial
+        torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
+def _loss_and_grads(model):
+    g = torch.Generator().manual_seed(1)
+    x, t, y = torch.randn(2, 4, 8, 8, generator=g), torch.tensor([3, 700]), torch.tensor([1, 2])
+    model.zero_grad()
+    loss = model(x, t, y, force_drop_ids=torch.zeros(2, dtype=torch.long)).square().mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_keeps_names_and_gradients(mode):
+    ref_loss, ref_grads = _loss_and_grads(_tiny())
+    model = _tiny()
+    names = [n for n, _ in model.named_parameters()]
+    apply_ac(model, mode)
+    assert [n for n, _ in model.named_parameters()] == names
+    loss, grads = _loss_and_grads(model)
+    assert torch.equal(loss, ref_loss)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=0, atol=0)
+
+
+def test_pipeline_stages_compose_to_the_model():
+    full = _tiny()
+    g = torch.Generator().manual_seed(2)
+    x, t, y = torch.randn(2, 4, 8, 8, generator=g), torch.tensor([5, 50]), torch.tensor([3, 4])
+    drop = torch.tensor([0, 1])
+    ref = full(x, t, y, force_drop_ids=drop)
+    import copy
+
+    first = build_stage_module(copy.deepcopy(full), 0, 2, first=True, last=False)
+    last = build_stage_module(copy.deepcopy(full), 2, 3, first=False, last=True)
+    assert {n for n, _ in first.named_parameters()} | {n for n, _ in last.named_parameters()} == {
+        n for n, _ in full.named_parameters()
+    }
+    assert torch.equal(last(*first(x, t, y, drop)), ref)
+
+
+def test_sharded_ema_matches_update_ema():
+    model = _tiny()
+    ema_module, sharded = create_ema(model), ShardedEMA(model)
+    for decay in (0.9, 0.5):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        update_ema(ema_module, model, decay)
+        sharded.update(decay)
+    for n, p in ema_module.named_parameters():
+        assert torch.equal(sharded.shadow[n], p)
