@@ -1,0 +1,45 @@
+"""The model registry (DIT-UT-04)."""
+
+import pytest
+
+from dit_trainer.config import Config
+from dit_trainer.errors import ConfigError
+from dit_trainer.models import DiT, ModelSpec, get_spec, list_specs, register_spec
+
+
+def test_get_spec_builds_from_mapping_and_config():
+    m = get_spec("DiT-S/2").build_model_fn({"input_size": 8, "num_classes": 10, "depth": 1, "model_name": "ignored"})
+    assert isinstance(m, DiT) and m.num_classes == 10 and len(m.blocks) == 1
+    cfg = Config()
+    cfg.model.input_size, cfg.model.depth, cfg.model.learn_sigma = 16, 2, False
+    m = get_spec("DiT-S/2").build_model_fn(cfg)
+    assert m.input_size == 16 and len(m.blocks) == 2 and m.out_channels == 4
+    m = get_spec("DiT-S/2").build_model_fn(cfg.model)
+    assert len(m.blocks) == 2
+
+
+def test_all_dit_names_registered_with_hooks():
+    names = list_specs()
+    for size in "S B L XL".split():
+        for p in (2, 4, 8):
+            assert f"DiT-{size}/{p}" in names
+    spec = get_spec("DiT-XL/2")
+    assert spec.name == "DiT-XL/2" and callable(spec.parallelize_fn) and callable(spec.pipelining_fn)
+
+
+def test_duplicate_name_fails():
+    with pytest.raises(ValueError, match="already registered"):
+        register_spec("DiT-S/2", ModelSpec(name="DiT-S/2", build_model_fn=lambda cfg: None))
+
+
+def test_unknown_name_lists_known():
+    with pytest.raises(ConfigError) as err:
+        get_spec("DiT-M/2")
+    msg = str(err.value)
+    assert "DiT-M/2" in msg and "DiT-XL/2" in msg and "\n" not in msg
+
+
+def test_register_new_spec():
+    register_spec("test-tiny", ModelSpec(name="test-tiny", build_model_fn=lambda cfg: "built"))
+    assert get_spec("test-tiny").build_model_fn({}) == "built"
+    assert get_spec("test-tiny").state_dict_adapter is None
