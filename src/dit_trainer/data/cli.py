@@ -1,0 +1,96 @@
+"""`dit extract` and `dit data convert|verify`."""
+
+import os
+import sys
+
+
+def _extract(args) -> int:
+    from dit_trainer.data.extract import run_extract
+
+    stats = run_extract(
+        args.data_path, args.vae, args.image_size, args.out, batch_size=args.batch_size,
+        shard_size=args.shard_size, vae_dtype=args.vae_dtype, dtype=args.dtype, flips=not args.no_flips,
+        posterior=args.store.replace("-", "_"), workers=args.workers, device=args.device,
+        on_bad_image=args.on_bad_image, seed=args.seed, progress=not args.no_progress,
+    )
+    print(f"dit extract: rank {stats['rank']} encoded {stats['images']} images in {stats['shards']} shards, "
+          f"{stats['seconds']:.1f} s ({stats['images_per_s']:.1f} images/s)", file=sys.stderr)
+    if stats["rank"] == 0:
+        print(os.path.join(args.out, "manifest.json"))
+    return 0
+
+
+def _convert(args) -> int:
+    from dit_trainer.data.tools import convert
+
+    m = convert(args.src, args.out, shard_size=args.shard_size, dtype=args.dtype, num_classes=args.num_classes,
+                labels_file=args.labels_file, vae=args.vae, scaling_factor=args.scaling_factor,
+                image_size=args.image_size, progress=not args.no_progress)
+    print(f"dit data convert: {m['count']} latents {tuple(m['latent_shape'])} in {len(m['shards'])} shards "
+          f"-> {os.path.join(args.out, 'manifest.json')}", file=sys.stderr)
+    return 0
+
+
+def _verify(args) -> int:
+    from dit_trainer.data.shards import read_manifest
+    from dit_trainer.data.tools import verify
+
+    problems = verify(args.path, progress=not args.no_progress)
+    for line in problems:
+        print(f"dit data verify: {line}", file=sys.stderr)
+    if problems:
+        return 1
+    m = read_manifest(args.path)
+    print(f"dit data verify: ok: {m['count']} latents {tuple(m['latent_shape'])} {m['dtype']} in "
+          f"{len(m['shards'])} shards, {m['num_classes']} classes, flips={m['flips']}, posterior={m['posterior']}")
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    """Register `extract` and `data` (with `convert` and `verify`)."""
+    p = subparsers.add_parser(
+        "extract", help="encode an image folder into latent shards with a frozen VAE",
+        description="Encode an ImageFolder once with a frozen VAE (ADM center crop) into packed latent shards. "
+                    "Resumable; under torchrun each rank encodes its own shards.")
+    p.add_argument("--data-path", required=True,
+                   help="image folder: one sub-folder per class, or a flat folder (label 0)")
+    p.add_argument("--vae", default="stabilityai/sd-vae-ft-mse",
+                   help="Hub id or save_pretrained folder (default: %(default)s)")
+    p.add_argument("--image-size", type=int, required=True, help="crop size in pixels, e.g. 256 or 512")
+    p.add_argument("--out", required=True, help="output folder for shards and manifest.json")
+    p.add_argument("--batch-size", type=int, default=32, help="images per VAE batch (each also encoded flipped)")
+    p.add_argument("--shard-size", type=int, default=2048, help="images per shard; also the resume granularity")
+    p.add_argument("--vae-dtype", choices=("fp32", "bf16"), default="fp32", help="VAE compute dtype")
+    p.add_argument("--dtype", choices=("float16", "float32"), default="float16",
+                   help="storage dtype; float16 halves disk and page cache, its rounding is below the posterior std")
+    p.add_argument("--store", choices=("mean-std", "sample"), default="mean-std",
+                   help="posterior mean and std (fresh sample each epoch) or one fixed sample")
+    p.add_argument("--no-flips", action="store_true", help="do not also encode the horizontally flipped image")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="image decoding processes per rank")
+    p.add_argument("--device", default=None, help="torch device (default: this rank's GPU, else cpu)")
+    p.add_argument("--on-bad-image", choices=("skip", "stop"), default="skip",
+                   help="skip unreadable images and list them in OUT/skipped.txt, or stop at the first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the stored sample with --store sample")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_extract)
+
+    d = subparsers.add_parser("data", help="convert or verify latent datasets",
+                              description="Convert per-file latents into shards, or verify a shard folder.")
+    dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    c = dsub.add_parser("convert", help="pack a .npy latent folder or fast-DiT/PaddleMIX features into shards")
+    c.add_argument("src", help="folder of .npy latents, or the fast-DiT features folder (holding imagenet256_features/)")
+    c.add_argument("--out", required=True, help="output shard folder")
+    c.add_argument("--shard-size", type=int, default=4096, help="latents per shard")
+    c.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="storage dtype")
+    c.add_argument("--num-classes", type=int, default=None, help="number of classes (default: from the labels)")
+    c.add_argument("--labels-file", default=None, help="labels.json|.npy|.txt for a .npy folder (default: found beside it)")
+    c.add_argument("--vae", default=None, help="the VAE that made the latents, recorded for `dit sample`")
+    c.add_argument("--scaling-factor", type=float, default=0.18215, help="factor the latents were multiplied by")
+    c.add_argument("--image-size", type=int, default=None,
+                   help="image size the latents came from (default: 8 × latent side)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(func=_convert)
+    v = dsub.add_parser("verify", help="check counts, shapes, dtypes, NaN/inf and the manifest of a shard folder")
+    v.add_argument("path", help="shard folder holding manifest.json")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v.set_defaults(func=_verify)

@@ -1,0 +1,242 @@
+"""`dit extract`: encode an image folder once with a frozen VAE into packed latent shards.
+
+Shard i always holds images [i·S, (i+1)·S) of the sorted listing, whatever the number of ranks, so
+shard names cannot collide across ranks, a resumed or re-partitioned run rebuilds exactly the same
+shards, and the union of a multi-rank run equals a one-process run. Batches never straddle a shard,
+so each shard is encoded from the same batches every time.
+"""
+
+import datetime
+import glob
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from dit_trainer.data import shards as sh
+from dit_trainer.data.images import ImageFiles, list_image_folder, to_model_range
+from dit_trainer.data.vae import encode, latent_shape, load_vae, resolve_dtype, scaling
+from dit_trainer.errors import DataError
+
+PLAN = "extract.json"
+SKIPPED = "skipped.txt"
+
+
+class _Dist:
+    """Rank, world size and barrier; torch.distributed (gloo) only when launched with torchrun."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.owned = False
+        if self.world > 1 and not torch.distributed.is_initialized():
+            # Gloo suffices for barriers and works on CPU-only hosts; ranks that finish early wait
+            # at the final barrier, hence the long timeout.
+            torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
+            self.owned = True
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    def close(self) -> None:
+        if self.owned:
+            torch.distributed.destroy_process_group()
+
+
+def _collate(items):
+    indices = [i for i, arr, _ in items if arr is not None]
+    images = np.stack([arr for _, arr, _ in items if arr is not None]) if indices else None
+    errors = [(i, err) for i, arr, err in items if arr is None]
+    return indices, images, errors
+
+
+def _batches(shard_ids: List[int], shard_size: int, total: int, batch_size: int):
+    for s in shard_ids:
+        stop = min((s + 1) * shard_size, total)
+        for start in range(s * shard_size, stop, batch_size):
+            yield list(range(start, min(start + batch_size, stop)))
+
+
+def _check_plan(out: str, plan: Dict, rank: int) -> None:
+    path = os.path.join(out, PLAN)
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise DataError(f"cannot read {path} ({err}); delete it (and the shards beside it) to start over") from None
+        for key, value in plan.items():
+            if old.get(key) != value:
+                raise DataError(
+                    f"{path}: {out} was extracted with {key}={old.get(key)!r}, this run has {value!r}; "
+                    f"pass another --out or delete {out}"
+                )
+    elif rank == 0:
+        sh._atomic_json(path, plan)
+
+
+def _device(name) -> torch.device:
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        # One GPU per rank: a bare "cuda" would put every rank on GPU 0.
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
+
+
+def _files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
+    digest = hashlib.sha256()
+    for path, label in zip(paths, labels.tolist()):
+        digest.update(f"{os.path.relpath(path, root)}\t{label}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shard_size: int = 2048,
+                vae_dtype: str = "fp32", dtype: str = "float16", flips: bool = True, posterior: str = "mean_std",
+                workers: int = 4, device=None, on_bad_image: str = "skip", seed: int = 0,
+                progress: bool = True) -> Dict:
+    """Encode `data_path` into shards under `out`; returns this rank's counts and images/s."""
+    if posterior not in sh.POSTERIOR_KINDS:
+        raise DataError(f"posterior {posterior!r} is not one of {sh.POSTERIOR_KINDS}")
+    if on_bad_image not in ("skip", "stop"):
+        raise DataError(f"on_bad_image {on_bad_image!r} must be 'skip' or 'stop'")
+    if image_size < 8 or batch_size < 1 or shard_size < 1:
+        raise DataError("--image-size must be >= 8, --batch-size and --shard-size >= 1")
+    dist = _Dist()
+    try:
+        return _extract(dist, os.fspath(data_path), os.fspath(vae), int(image_size), os.fspath(out),
+                        batch_size, shard_size, vae_dtype, dtype, flips, posterior, workers, device,
+                        on_bad_image, seed, progress)
+    finally:
+        dist.close()
+
+
+def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size, vae_dtype, dtype, flips,
+             posterior, workers, device, on_bad_image, seed, progress):
+    paths, labels, class_names = list_image_folder(data_path)
+    if os.path.isdir(os.path.expanduser(vae_name)):
+        # Recorded in the manifest for `dit sample`, which may run from another directory.
+        vae_name = os.path.abspath(os.path.expanduser(vae_name))
+    os.makedirs(out, exist_ok=True)
+    torch_dtype = resolve_dtype(vae_dtype)
+    plan = {
+        "data_path": os.path.abspath(data_path), "files_sha256": _files_digest(paths, labels, data_path),
+        "num_images": len(paths), "vae": vae_name, "vae_dtype": str(torch_dtype).replace("torch.", ""),
+        "image_size": image_size, "shard_size": shard_size, "flips": bool(flips), "posterior": posterior,
+        "dtype": dtype, "seed": int(seed) if posterior == "sample" else None,
+    }
+    if dist.rank == 0:
+        _check_plan(out, plan, 0)
+    dist.barrier()
+    if dist.rank != 0:
+        _check_plan(out, plan, dist.rank)
+
+    device = _device(device)
+    model = load_vae(vae_name, torch_dtype, device)
+    sf, shift = scaling(model)
+    shape = latent_shape(model, image_size)
+    num_shards = math.ceil(len(paths) / shard_size)
+    names = [sh.shard_name(i, num_shards) for i in range(num_shards)]
+    pending = [i for i in range(num_shards) if not sh.shard_done(out, names[i])]
+    # Everyone must list pending shards before anyone writes, or ranks would split different lists.
+    dist.barrier()
+    mine = pending[dist.rank * len(pending) // dist.world:(dist.rank + 1) * len(pending) // dist.world]
+    todo = sum(min((s + 1) * shard_size, len(paths)) - s * shard_size for s in mine)
+
+    loader = DataLoader(
+        ImageFiles(paths, image_size), batch_sampler=list(_batches(mine, shard_size, len(paths), batch_size)),
+        num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
+        persistent_workers=False, prefetch_factor=4 if workers > 0 else None,
+    )
+    bar = tqdm(total=todo, unit="img", desc=f"extract rank {dist.rank}/{dist.world}" if dist.world > 1 else "extract",
+               disable=not progress or dist.rank != 0, mininterval=1.0, file=sys.stderr)
+    num_flips = 2 if flips else 1
+    entry = (num_flips, 2 if posterior == "mean_std" else 1, *shape)
+    writer: Optional[sh.ShardWriter] = None
+    skipped: List = []
+    encoded = 0
+    start = time.perf_counter()
+    for indices, images, errors in loader:
+        seen = len(indices) + len(errors)
+        shard = ((indices or [e[0] for e in errors])[0]) // shard_size
+        if writer is None or writer.name != names[shard]:
+            if writer is not None:
+                writer.close(skipped=skipped, rank=dist.rank)
+            capacity = min((shard + 1) * shard_size, len(paths)) - shard * shard_size
+            writer, skipped = sh.ShardWriter(out, names[shard], capacity, entry, dtype), []
+        if images is not None:
+            latents, bad = _encode_batch(model, images, indices, num_flips, posterior, seed, sf, shift)
+            errors = errors + [(indices[j], "VAE output is NaN or inf (try --vae-dtype fp32)") for j in bad]
+            keep = [j for j in range(len(indices)) if j not in bad]
+            writer.add(latents[keep], labels[[indices[j] for j in keep]])
+            encoded += len(keep)
+        for index, err in sorted(errors):
+            if on_bad_image == "stop":
+                raise DataError(f"{paths[index]}: {err}; fix or remove it, or pass --on-bad-image skip")
+            skipped.append([os.path.relpath(paths[index], data_path), err])
+        bar.update(seen)
+    if writer is not None:
+        writer.close(skipped=skipped, rank=dist.rank)
+    bar.close()
+    seconds = time.perf_counter() - start
+    dist.barrier()
+    if dist.rank == 0:
+        _finish(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path)
+    dist.barrier()
+    return {"rank": dist.rank, "shards": len(mine), "images": encoded, "seconds": seconds,
+            "images_per_s": encoded / seconds if seconds > 0 else 0.0}
+
+
+def _encode_batch(model, images, indices, num_flips, posterior, seed, sf, shift):
+    """Rows b×F×K×C×H×W for a uint8 batch, and the positions whose latents are not finite."""
+    x = torch.from_numpy(to_model_range(images))
+    if num_flips == 2:
+        x = torch.cat([x, x.flip(-1)])
+    mean, std = encode(model, x, sf, shift)
+    b = len(indices)
+    mean = mean.cpu().numpy().reshape(num_flips, b, *mean.shape[1:]).swapaxes(0, 1)
+    std = std.cpu().numpy().reshape(num_flips, b, *std.shape[1:]).swapaxes(0, 1)
+    if posterior == "mean_std":
+        rows = np.stack([mean, std], axis=2)
+    else:
+        # Noise keyed by image index, so the sample does not depend on batch or rank.
+        eps = np.stack([np.random.default_rng([seed, i]).standard_normal(mean.shape[1:], dtype=np.float32)
+                        for i in indices])
+        rows = (mean + std * eps)[:, :, None]
+    bad = np.flatnonzero(~np.isfinite(rows.reshape(b, -1)).all(axis=1)).tolist()
+    return rows, bad
+
+
+def _finish(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path):
+    markers = []
+    for name in names:
+        if not sh.shard_done(out, name):
+            raise DataError(f"{out}/{name} was not written; re-run `dit extract` with the same arguments to finish it")
+        markers.append(sh.read_shard_marker(out, name))
+    # Every rank is past its last write, so leftovers of interrupted runs can go.
+    for leftover in glob.glob(os.path.join(out, "shard-*.tmp*")):
+        os.remove(leftover)
+    skipped = [row for m in markers for row in m.get("skipped", [])]
+    with open(os.path.join(out, SKIPPED), "w", encoding="utf-8") as f:
+        f.writelines(f"{path}\t{err}\n" for path, err in skipped)
+    manifest = sh.write_manifest(
+        out, count=sum(m["count"] for m in markers), latent_shape=list(shape), dtype=dtype,
+        num_classes=len(class_names), class_names=class_names, vae=vae_name, scaling_factor=sf,
+        shift_factor=shift, image_size=image_size, flips=bool(flips), posterior=posterior,
+        shards=[{"name": m["name"], "count": m["count"]} for m in markers],
+        skipped=len(skipped), source=os.path.abspath(data_path),
+    )
+    if skipped:
+        print(f"dit extract: skipped {len(skipped)} unreadable images, listed in {os.path.join(out, SKIPPED)}",
+              file=sys.stderr)
+    return manifest

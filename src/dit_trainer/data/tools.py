@@ -1,0 +1,162 @@
+"""`dit data convert` (per-file latents → shards) and `dit data verify` (check a shard folder)."""
+
+import glob
+import math
+import os
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from dit_trainer.data import shards as sh
+from dit_trainer.errors import DataError
+
+# Rows checked for NaN/inf per read: bounds memory at ImageNet scale without per-row overhead.
+_SCAN_ROWS = 512
+
+
+def open_per_file_latents(src: str, num_classes: Optional[int] = None, labels_file=None):
+    """The per-file dataset at `src`: fast-DiT/PaddleMIX features or a folder of `.npy` latents."""
+    from dit_trainer.data.latents import FASTDIT_FEATURES, FASTDIT_LABELS, FastDiTFeatures, NpyLatentFolder
+
+    if os.path.isfile(os.path.join(src, sh.MANIFEST)):
+        raise DataError(f"{src} already holds shards ({sh.MANIFEST}); nothing to convert")
+    parent, base = os.path.split(os.path.normpath(src))
+    if os.path.isdir(os.path.join(src, FASTDIT_FEATURES)):
+        return FastDiTFeatures(src, num_classes=num_classes)
+    if base == FASTDIT_FEATURES and os.path.isdir(os.path.join(parent, FASTDIT_LABELS)):
+        return FastDiTFeatures(parent, num_classes=num_classes)
+    return NpyLatentFolder(src, num_classes=num_classes, labels_file=labels_file)
+
+
+def convert(src, out, shard_size: int = 4096, dtype: str = "float16", num_classes: Optional[int] = None,
+            labels_file=None, vae: Optional[str] = None, scaling_factor: float = 0.18215,
+            image_size: Optional[int] = None, progress: bool = True) -> Dict:
+    """Pack the per-file latents at `src` into shards under `out`; returns the manifest."""
+    src, out = os.fspath(src), os.fspath(out)
+    if shard_size < 1:
+        raise DataError("--shard-size must be >= 1")
+    ds = open_per_file_latents(src, num_classes, labels_file)
+    if os.path.isfile(os.path.join(out, sh.MANIFEST)):
+        raise DataError(f"{out} already holds shards; pass another --out or delete it")
+    os.makedirs(out, exist_ok=True)
+    n = len(ds)
+    num_shards = math.ceil(n / shard_size)
+    # Stored latents were one posterior sample, possibly of a randomly flipped image (fast-DiT bakes
+    # one flip in), so they are recorded as samples without stored flips.
+    entry = (1, 1, *ds.latent_shape)
+    from tqdm import tqdm
+
+    markers = []
+    with tqdm(total=n, unit="latent", desc="convert", disable=not progress, mininterval=1.0) as bar:
+        for s in range(num_shards):
+            lo, hi = s * shard_size, min((s + 1) * shard_size, n)
+            writer = sh.ShardWriter(out, sh.shard_name(s, num_shards), hi - lo, entry, dtype)
+            for i in range(lo, hi):
+                x = ds.load_latent(i)
+                if not np.isfinite(x).all():
+                    raise DataError(f"{ds.paths[i]} contains NaN or inf; re-extract it or delete it")
+                writer.add(x[None, None, None], ds.labels[i:i + 1])
+            markers.append(writer.close(source=src))
+            bar.update(hi - lo)
+    return sh.write_manifest(
+        out, count=n, latent_shape=list(ds.latent_shape), dtype=dtype, num_classes=int(ds.num_classes),
+        class_names=ds.class_names, vae=vae, scaling_factor=float(scaling_factor),
+        shift_factor=0.0, image_size=image_size or 8 * int(ds.latent_shape[-1]), flips=False,
+        posterior="sample", shards=[{"name": m["name"], "count": m["count"]} for m in markers],
+        skipped=0, source=os.path.abspath(src),
+    )
+
+
+def _check_manifest(m: Dict, file: str) -> List[str]:
+    problems = []
+
+    def bad(key, want):
+        problems.append(f"{file}: {key}={m.get(key)!r}, expected {want}")
+
+    if not isinstance(m["count"], int) or m["count"] < 0:
+        bad("count", "a non-negative integer")
+    shape = m["latent_shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(s, int) and s > 0 for s in shape)):
+        bad("latent_shape", "[C, H, W] of positive integers")
+    if m["dtype"] not in sh.STORAGE_DTYPES:
+        bad("dtype", f"one of {sh.STORAGE_DTYPES}")
+    if not isinstance(m["num_classes"], int) or m["num_classes"] < 1:
+        bad("num_classes", "a positive integer")
+    names = m["class_names"]
+    if names is not None and (not isinstance(names, list) or len(names) != m["num_classes"]):
+        bad("class_names", f"null or a list of num_classes ({m['num_classes']}) names")
+    if not isinstance(m["scaling_factor"], (int, float)) or not m["scaling_factor"] > 0:
+        bad("scaling_factor", "a positive number")
+    if not isinstance(m["flips"], bool):
+        bad("flips", "true or false")
+    shard_list = m["shards"]
+    if not isinstance(shard_list, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("count"), int) for s in shard_list):
+        bad("shards", 'a list of {"name": ..., "count": ...}')
+    elif sum(s["count"] for s in shard_list) != m["count"]:
+        problems.append(f"{file}: shards hold {sum(s['count'] for s in shard_list)} latents but count is {m['count']}")
+    elif len({s["name"] for s in shard_list}) != len(shard_list):
+        problems.append(f"{file}: a shard is listed twice")
+    return problems
+
+
+def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> List[str]:
+    problems = []
+    path = os.path.join(root, f"{name}.npy")
+    try:
+        data = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        return [f"{path}: cannot open ({err}); re-extract this shard"]
+    if data.shape != (count, *entry):
+        problems.append(f"{path}: shape {data.shape}, manifest expects {(count, *entry)}")
+    if data.dtype != np.dtype(m["dtype"]):
+        problems.append(f"{path}: dtype {data.dtype}, manifest says {m['dtype']}")
+    lpath = os.path.join(root, f"{name}.labels.npy")
+    try:
+        labels = np.load(lpath, allow_pickle=False)
+        if labels.shape != (count,):
+            problems.append(f"{lpath}: shape {labels.shape}, manifest expects ({count},)")
+        elif labels.dtype.kind not in "iu":
+            problems.append(f"{lpath}: dtype {labels.dtype}, expected integers")
+        elif count and (labels.min() < 0 or labels.max() >= m["num_classes"]):
+            problems.append(f"{lpath}: labels span {labels.min()}..{labels.max()}, outside 0..{m['num_classes'] - 1}")
+    except (OSError, ValueError, EOFError) as err:
+        problems.append(f"{lpath}: cannot read ({err}); re-extract this shard")
+    if problems or data.ndim != 6:
+        return problems
+    for lo in range(0, len(data), _SCAN_ROWS):
+        block = np.asarray(data[lo:lo + _SCAN_ROWS], dtype=np.float32)
+        finite = np.isfinite(block.reshape(len(block), -1)).all(axis=1)
+        if not finite.all():
+            problems.append(f"{path}: row {lo + int(np.flatnonzero(~finite)[0])} holds NaN or inf; re-extract this shard")
+            break
+        if m["posterior"] == "mean_std" and (block[:, :, 1] < 0).any():
+            problems.append(f"{path}: negative posterior std near row {lo}; re-extract this shard")
+            break
+    return problems
+
+
+def verify(path, progress: bool = False) -> List[str]:
+    """Every problem found in the shard folder `path`, one line each; empty when it is sound."""
+    root = os.fspath(path)
+    file = os.path.join(root, sh.MANIFEST)
+    try:
+        m = sh.read_manifest(root)
+    except DataError as err:
+        return [str(err)]
+    problems = _check_manifest(m, file)
+    if problems:
+        return problems
+    entry = sh.entry_shape(m)
+    listed = {s["name"] for s in m["shards"]}
+    from tqdm import tqdm
+
+    for s in tqdm(m["shards"], unit="shard", desc="verify", disable=not progress):
+        problems += _check_shard(root, m, s["name"], s["count"], entry)
+    for stray in sorted(glob.glob(os.path.join(root, "shard-*.npy"))):
+        stem = os.path.basename(stray)[:-4]
+        if stem.endswith(".labels"):
+            stem = stem[:-7]
+        if stem not in listed:
+            problems.append(f"{stray}: not listed in {file}; delete it or re-run the extraction")
+    return problems

@@ -1,0 +1,118 @@
+"""The frozen VAE that maps images to latents and back.
+
+diffusers is an optional extra (`pip install dit-trainer[vae]`), imported only here and only when
+a VAE is needed, so training on stored latents works without it. Latents are stored already
+multiplied by the VAE config's `scaling_factor` (0.18215 for the SD VAEs), and shifted by its
+`shift_factor` when it has one, so the model sees unit-variance inputs.
+"""
+
+import importlib.util
+import os
+from typing import Optional, Tuple, Union
+
+import torch
+
+from dit_trainer.errors import DataError
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
+    """torch dtype for 'fp32'/'bf16' (or a torch dtype); fp16 is refused because the SD VAEs overflow in it."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise DataError(f"VAE dtype {dtype} is not supported; use fp32 or bf16 (fp16 overflows in the SD VAEs)")
+        return dtype
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise DataError(f"VAE dtype {dtype!r} is not supported; use fp32 or bf16") from None
+
+
+def _looks_like_path(name: str) -> bool:
+    # Hub ids are "org/name"; anything else with a separator or a leading ./ ~ is meant as a folder.
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name or name.endswith("/")
+
+
+def _autoencoder_class():
+    try:
+        from diffusers import AutoencoderKL
+    except ImportError:
+        raise DataError("loading a VAE needs diffusers; pip install dit-trainer[vae]") from None
+    return AutoencoderKL
+
+
+def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[str, torch.device] = "cpu"):
+    """A frozen, eval-mode AutoencoderKL from a Hub id or a save_pretrained folder."""
+    dtype = resolve_dtype(dtype)
+    AutoencoderKL = _autoencoder_class()
+    name = os.fspath(id_or_dir)
+    # Without accelerate, diffusers warns and falls back to this anyway.
+    kwargs = {"torch_dtype": dtype, "low_cpu_mem_usage": importlib.util.find_spec("accelerate") is not None}
+    if os.path.isdir(os.path.expanduser(name)):
+        folder = os.path.expanduser(name)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            # A whole diffusion pipeline folder keeps its VAE in vae/.
+            if os.path.isfile(os.path.join(folder, "vae", "config.json")):
+                kwargs["subfolder"] = "vae"
+            else:
+                raise DataError(f"{folder} has no config.json; pass a folder written by AutoencoderKL.save_pretrained")
+        try:
+            vae = AutoencoderKL.from_pretrained(folder, **kwargs)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DataError(f"cannot load the VAE in {folder} ({first}); re-save it with save_pretrained") from None
+    elif _looks_like_path(name):
+        raise DataError(f"VAE folder {name} does not exist; pass an existing folder or a Hub id "
+                        f"like stabilityai/sd-vae-ft-mse")
+    else:
+        try:
+            vae = AutoencoderKL.from_pretrained(name, **kwargs)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DataError(
+                f"cannot load VAE {name!r} ({first}); it is not in the Hugging Face cache and the Hub is "
+                f"unreachable or has no such repo: pass a local folder saved with save_pretrained (--vae DIR)"
+            ) from None
+    if type(vae).__name__ != "AutoencoderKL":
+        raise DataError(f"{name} holds a {type(vae).__name__}, not an AutoencoderKL; pass a KL VAE")
+    vae.requires_grad_(False)
+    return vae.eval().to(device)
+
+
+def scaling(vae, scaling_factor: Optional[float] = None, shift_factor: Optional[float] = None) -> Tuple[float, float]:
+    """(scaling_factor, shift_factor): the given ones, else the VAE config's (0.18215 and 0 for SD VAEs)."""
+    if scaling_factor is None:
+        scaling_factor = getattr(vae.config, "scaling_factor", None) or 0.18215
+    if shift_factor is None:
+        shift_factor = getattr(vae.config, "shift_factor", None) or 0.0
+    return float(scaling_factor), float(shift_factor)
+
+
+def latent_shape(vae, image_size: int) -> Tuple[int, int, int]:
+    """C×H×W of the latents the VAE makes from image_size² images; DataError if the size does not divide."""
+    factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    if image_size % factor:
+        raise DataError(f"--image-size {image_size} is not a multiple of the VAE's downsampling factor {factor}")
+    side = image_size // factor
+    return int(vae.config.latent_channels), side, side
+
+
+@torch.no_grad()
+def encode(vae, images: torch.Tensor, scaling_factor: Optional[float] = None, shift_factor: Optional[float] = None):
+    """(mean, std) float32 of the scaled posterior for images in [-1, 1], N×3×H×W."""
+    sf, shift = scaling(vae, scaling_factor, shift_factor)
+    x = images.to(device=vae.device, dtype=vae.dtype)
+    posterior = vae.encode(x).latent_dist
+    mean = (posterior.mean.float() - shift) * sf
+    std = posterior.std.float() * sf
+    return mean, std
+
+
+@torch.no_grad()
+def decode(vae, latents: torch.Tensor, scaling_factor: Optional[float] = None, shift_factor: Optional[float] = None):
+    """Images in [-1, 1] (float32, clamped) from scaled latents N×C×H×W."""
+    sf, shift = scaling(vae, scaling_factor, shift_factor)
+    z = latents.to(device=vae.device, dtype=torch.float32) / sf + shift
+    images = vae.decode(z.to(vae.dtype)).sample
+    return images.float().clamp_(-1, 1)
