@@ -12,8 +12,9 @@ from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, lau
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).parent / "_worker.py"
-# 2-rank checkpoints (step 5) continued under other layouts: (layout, source run).
-RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b")]
+# Step-5 checkpoints continued under other layouts: (layout, source run). 2-rank DCP shards, and
+# the 1-process full files (optimizer keyed by position) under interleaved PP x TP.
+RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_interleaved_tp", "reference")]
 RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp"]
 
 
@@ -63,7 +64,7 @@ def test_layout_matches_single_process(runs, layout):
 
 
 @pytest.mark.parametrize("layout,source", RESUME_4)
-def test_resume_two_ranks_on_four(runs, layout, source):
+def test_resume_on_four_ranks(runs, layout, source):
     ref = read_losses(runs / "reference")
     _assert_losses_match(read_losses(runs / f"resume_{layout}_{source}"), ref, range(6, STEPS + 1))
 

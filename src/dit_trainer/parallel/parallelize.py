@@ -136,9 +136,20 @@ def _selective_policy():
     return policy
 
 
+def _checkpointed(forward, kwargs):
+    from torch.utils.checkpoint import checkpoint
+
+    # A plain function calling `checkpoint` (not a functools.partial of it): dynamo recognises
+    # the direct call and compiles the block with its recomputation instead of skipping it.
+    def ac_forward(*args):
+        return checkpoint(forward, *args, **kwargs)
+
+    return ac_forward
+
+
 def apply_ac(model: nn.Module, mode: str) -> None:
     """Recompute each block's activations in backward: all of them ("full") or the cheap ones ("selective")."""
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     if mode not in ("full", "selective"):
         raise ConfigError(f"train.activation_checkpointing must be none, full or selective, got {mode!r}")
@@ -149,7 +160,7 @@ def apply_ac(model: nn.Module, mode: str) -> None:
             kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _selective_policy())
         # Wrapping forward (not the module) keeps parameter names, so checkpoints and EMA keys
         # are the same with and without AC; FSDP's hooks still run around the recomputation.
-        block.forward = functools.partial(checkpoint, forward, **kwargs)
+        block.forward = _checkpointed(forward, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

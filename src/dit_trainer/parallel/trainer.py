@@ -70,8 +70,7 @@ class ParallelTrainer(DiTTrainer):
             self._pp = SimpleNamespace(schedule=schedule, has_first=first, has_last=last)
             self.model_parts = parts
             return parts[0] if len(parts) == 1 else nn.ModuleList(parts)
-        if dims.distributed:
-            parallelize(model, dims, cfg)
+        parallelize(model, dims, cfg)  # one process: AC and compile only
         self.model_parts = [model]
         return model
 
