@@ -127,6 +127,12 @@ class DiTTrainer:
         return SingleProcess()
 
     def _parallelize(self, model):
+        t = self.cfg.train
+        if (t.activation_checkpointing != "none" or t.compile) and self.spec.parallelize_fn is not None:
+            # One process has no mesh: of the parallelisms only AC and per-block compile apply.
+            from dit_trainer.parallel.dims import ParallelDims
+
+            self.spec.parallelize_fn(model, ParallelDims(world_size=1), self.cfg)
         return model
 
     def _create_ema(self, model):
