@@ -250,8 +250,11 @@ class FastDiTFeatures(_LatentFiles):
         super().__init__(paths, labels, shape, n, None, random_flip, seed)
 
 
-def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0):
-    """The latent dataset at `path`, its layout detected: shards, fast-DiT features or a `.npy` folder."""
+def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, labels_file=None):
+    """The latent dataset at `path`, its layout detected: shards, fast-DiT features or a `.npy` folder.
+
+    `labels_file` applies to a `.npy` folder only; the other layouts carry their own labels.
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{path} does not exist; pass the folder holding the latents")
@@ -281,4 +284,4 @@ def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0):
     parent, base = os.path.split(os.path.normpath(path))
     if base == FASTDIT_FEATURES and os.path.isdir(os.path.join(parent, FASTDIT_LABELS)):
         return FastDiTFeatures(parent, num_classes=num_classes, random_flip=random_flip, seed=seed)
-    return NpyLatentFolder(path, num_classes=num_classes, random_flip=random_flip, seed=seed)
+    return NpyLatentFolder(path, num_classes=num_classes, random_flip=random_flip, labels_file=labels_file, seed=seed)

@@ -28,7 +28,7 @@ def build_dataset(cfg):
         num_classes=cfg.model.num_classes,
         random_flip=data.random_flip,
         seed=cfg.train.seed,
-        **({"labels_file": data.labels_file} if data.labels_file else {}),
+        labels_file=data.labels_file,
     )
 
 

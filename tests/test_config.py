@@ -1,0 +1,99 @@
+"""Config: YAML, overrides, the RFC dict, and one-line errors naming the closest key."""
+
+import pytest
+import yaml
+
+from dit_trainer.config import Config, as_config, config_from_dict, load_config, parse_overrides, save_config
+from dit_trainer.errors import ConfigError
+
+REQUIRED = ["model.name", "data.path", "train.max_steps", "train.global_batch_size", "train.seed", "optim.lr",
+            "optim.weight_decay", "checkpoint.save_steps", "checkpoint.save_total_limit", "output_dir"]
+
+
+def _get(cfg, key):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def test_required_names_exist():
+    cfg = Config()
+    for key in REQUIRED:
+        _get(cfg, key)  # AttributeError fails the test
+
+
+def test_paper_defaults():
+    cfg = Config()
+    assert cfg.optim.lr == 1e-4 and cfg.optim.weight_decay == 0
+    assert cfg.train.ema_decay == 0.9999 and cfg.train.global_batch_size == 256
+
+
+def test_yaml_then_overrides(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": {"name": "DiT-B/4"}, "optim": {"lr": 2e-4}}))
+    cfg = load_config(tmp_path / "c.yaml", ["--optim.lr", "3e-4", "--train.max_steps=7", "--train.compile", "true",
+                                           "--logging.sample_classes", "1,2,3", "--data.path", "none"])
+    assert cfg.model.name == "DiT-B/4" and cfg.optim.lr == 3e-4 and cfg.train.max_steps == 7
+    assert cfg.train.compile is True and cfg.logging.sample_classes == [1, 2, 3] and cfg.data.path is None
+
+
+def test_save_and_reload(tmp_path):
+    cfg = load_config(None, ["--model.name", "DiT-L/2", "--train.seed", "5"])
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_rfc_flat_dict():
+    cfg = as_config({"model_name": "DiT-S/2", "weights_path": None, "lr": 1e-4, "weight_decay": 0, "num_timesteps": 1000})
+    assert cfg.model.name == "DiT-S/2" and cfg.model.weights_path is None
+    assert cfg.optim.lr == 1e-4 and cfg.diffusion.num_timesteps == 1000
+
+
+@pytest.mark.parametrize("override,closest", [("--optim.lrr", "optim.lr"), ("--train.max_step", "train.max_steps"),
+                                              ("--chekpoint.save_steps", "checkpoint.save_steps")])
+def test_unknown_key_names_closest(override, closest):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override, "1"])
+    assert closest in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unknown_yaml_key(tmp_path):
+    (tmp_path / "c.yaml").write_text("model:\n  nmae: DiT-S/2\n")
+    with pytest.raises(ConfigError, match="model.name"):
+        load_config(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize("key,value", [("train.max_steps", "ten"), ("train.compile", "maybe"), ("optim.lr", "fast")])
+def test_bad_values(key, value):
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, [f"--{key}", value])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_override_without_value():
+    with pytest.raises(ConfigError, match="no value"):
+        parse_overrides(["--optim.lr"])
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted(root.glob("*.yaml"))
+    assert {"demo_digits.yaml", "dit_s2_latents.yaml", "dit_xl2_imagenet256.yaml"} <= {f.name for f in files}
+    for f in files:
+        load_config(f)
+    xl = load_config(root / "dit_xl2_imagenet256.yaml")
+    assert (xl.model.name, xl.optim.lr, xl.optim.weight_decay, xl.train.global_batch_size, xl.train.ema_decay) == (
+        "DiT-XL/2", 1e-4, 0.0, 256, 0.9999)
+
+
+def test_nested_dict():
+    cfg = config_from_dict({"train": {"seed": 3}, "output_dir": "x"})
+    assert cfg.train.seed == 3 and cfg.output_dir == "x"
