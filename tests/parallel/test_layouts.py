@@ -54,6 +54,9 @@ def _assert_losses_match(got: dict, ref: dict, steps):
 def test_layout_matches_single_process(runs, layout):
     ref = read_losses(runs / "reference")
     _assert_losses_match(read_losses(runs / layout), ref, range(1, STEPS + 1))
+    # Gradients are averaged, not summed, over data-parallel ranks (and the norm spans TP shards and PP stages).
+    ref_norm = read_losses(runs / "reference", "grad_norm")
+    _assert_losses_match(read_losses(runs / layout, "grad_norm"), ref_norm, range(1, STEPS + 1))
     ref_model, ref_ema = final_weights(runs / "reference")
     model, ema = final_weights(runs / layout)
     assert sorted(model) == sorted(ref_model) and sorted(ema) == sorted(ref_ema)
