@@ -15,7 +15,7 @@ WORKER = Path(__file__).parent / "_worker.py"
 # Step-5 checkpoints continued under other layouts: (layout, source run). 2-rank DCP shards, and
 # the 1-process full files (optimizer keyed by position) under interleaved PP x TP.
 RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_interleaved_tp", "reference")]
-RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp"]
+RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp", "single_sharded"]
 
 
 def _single_process(run, **kwargs):
@@ -31,6 +31,8 @@ def runs(tmp_path_factory):
     torch.use_deterministic_algorithms(True)
     try:
         _single_process(out / "reference")
+        # One process with DCP checkpoints: the parallel trainer without a mesh.
+        _single_process(out / "single_sharded", checkpoint={"sharded": True})
     finally:
         torch.use_deterministic_algorithms(was)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
@@ -50,7 +52,7 @@ def _assert_losses_match(got: dict, ref: dict, steps):
         assert abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]), f"step {s}: {got[s]} vs single-process {ref[s]}"
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS_2) + list(LAYOUTS_4))
+@pytest.mark.parametrize("layout", ["single_sharded", *LAYOUTS_2, *LAYOUTS_4])
 def test_layout_matches_single_process(runs, layout):
     ref = read_losses(runs / "reference")
     _assert_losses_match(read_losses(runs / layout), ref, range(1, STEPS + 1))

@@ -18,6 +18,7 @@ from dit_trainer.errors import CheckpointError
 from dit_trainer.parallel.parallelize import qkv_tp_degrees, qkv_to_released_layout, qkv_to_tp_layout
 from dit_trainer.parallel.utils import full, is_dtensor
 
+
 def _options(**kwargs):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 

@@ -18,7 +18,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.parallel import checkpoint as pckpt
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
-from dit_trainer.parallel.pipeline import pack_target, pipeline_step, unpack_target
+from dit_trainer.parallel.pipeline import diffusion_loss, pack_target, pipeline_loss, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_
 from dit_trainer.train import checkpoint as ckpt
 from dit_trainer.train.trainer import DiTTrainer
@@ -113,10 +113,8 @@ class ParallelTrainer(DiTTrainer):
 
     def _pp_loss(self, output, target):
         """Last stage, per microbatch: the single-process loss of `train_step` from the stage's output."""
-        x_start, noise, t, w = unpack_target(target, self._sample_shape)
-        out = output.float()
-        losses = self.diffusion.training_losses(lambda *a, **k: out, x_start, t, noise=noise)
-        return (losses["loss"] * w).mean()
+        # Built per call: the schedule is made before `self.diffusion` exists.
+        return pipeline_loss(diffusion_loss(self.diffusion), self._sample_shape)(output, target)
 
     def train_step(self, batch) -> dict:
         if not self.dims.pp_enabled:
