@@ -65,7 +65,12 @@ LAYOUTS_4 = {
     "hsdp": {"dp_replicate": 2, "dp_shard": 2},
     "pp_fsdp": {"pp": 2, "dp_shard": 2, "pp_microbatches": 2},
     "pp_interleaved_tp": {"pp": 2, "tp": 2, "dp_shard": 1, "pp_schedule": "interleaved1f1b", "pp_microbatches": 4},
+    # Replicas beside TP/PP run as HSDP with shards of one (DDP does not compose with them).
+    "tp_replicate": {"tp": 2, "dp_replicate": 2, "dp_shard": 1},
+    "pp_replicate": {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "pp_microbatches": 2},
 }
+# Activation checkpointing rides along on two layouts (it must not change a single bit).
+LAYOUT_TRAIN = {"hsdp": {"activation_checkpointing": "full"}, "fsdp_tp": {"activation_checkpointing": "selective"}}
 
 
 def final_weights(run, step=STEPS):

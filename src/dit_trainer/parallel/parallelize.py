@@ -25,7 +25,10 @@ def parallelize_dit(model: nn.Module, dims, cfg, param_dtype=None, reduce_dtype=
         apply_ac(model, ac_mode)
     if getattr(train, "compile", False):
         apply_compile(model)
-    if dims.fsdp_enabled:
+    # DDP does not compose with TP's DTensors or with PP's many forwards before one backward:
+    # replicas beside TP/PP are FSDP2 with a shard group of one (HSDP), which does.
+    replicate_only = dims.dp_replicate > 1 and dims.dp_shard == 1
+    if dims.fsdp_enabled or (replicate_only and (dims.tp_enabled or dims.pp_enabled)):
         dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
         apply_fsdp(
             model,
