@@ -20,7 +20,7 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0) -> dict:
         "diffusion": {"num_timesteps": 1000, "noise_schedule": "linear"},
         "data": {"path": "digits", "digits_size": 16, "num_workers": 0, "random_flip": False},
         "optim": {"lr": 1e-3, "warmup_steps": 100, "max_grad_norm": 1.0},
-        "train": {"max_steps": int(steps), "global_batch_size": 64, "seed": int(seed), "mixed_precision": "bf16",
+        "train": {"max_steps": int(steps), "global_batch_size": 64, "seed": int(seed), "mixed_precision": "fp32",
                   "ema_decay": 0.999, "ema_warmup": True},
         "checkpoint": {"save_steps": 500, "save_total_limit": 1},
         "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 50,

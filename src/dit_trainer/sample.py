@@ -40,7 +40,8 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
     path = Path(ckpt)
     if not path.exists():
         raise CheckpointError(f"--ckpt {ckpt} does not exist; pass a checkpoint directory or a DiT .pt/.safetensors file")
-    if path.is_dir() and not (path / "config.yaml").is_file():
+    weights = ("ema.safetensors", "model.safetensors")
+    if path.is_dir() and not any((path / name).is_file() for name in weights):
         latest = latest_checkpoint(path)  # a run's output_dir: take its newest checkpoint
         if latest is None:
             raise CheckpointError(f"{ckpt} has no config.yaml; pass a checkpoint directory like OUTPUT_DIR/checkpoints/step-00001000")
