@@ -342,6 +342,10 @@ class DiTTrainer:
                 if "grad_norm" in out:
                     last["grad_norm"] = out["grad_norm"]
                 logger.log(self.step, last)
+                if main:
+                    # tqdm.write keeps the bar intact; without a bar this is a plain log line.
+                    tqdm.write(f"step {self.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
+                               f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB")
                 running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), self.step
             # Sharded EMA weights are gathered by every rank, so all of them call in.
             if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0 and (main or self.dims.is_distributed):
