@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from dit_trainer.errors import ConfigError, DitError
-from dit_trainer.data.latents import flip_for
+from dit_trainer.data.latents import check_epoch, flip_for
 
 DIGIT_CLASS_NAMES = [str(i) for i in range(10)]
 _MAX_PIXEL = 16.0  # load_digits() pixels count 4×4 blocks of set bits: 0..16
@@ -68,9 +68,7 @@ class DigitsDataset(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose flips `__getitem__` draws."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = check_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -113,6 +113,13 @@ def _resolve_num_classes(num_classes: Optional[int], labels: np.ndarray, class_n
     return num_classes
 
 
+def check_epoch(epoch) -> int:
+    """A non-negative integer epoch, or ValueError."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    return int(epoch)
+
+
 class _LatentFiles(Dataset):
     """One latent per `.npy` file with one label each; subclasses find the files and labels."""
 
@@ -130,9 +137,7 @@ class _LatentFiles(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose flips `__getitem__` draws."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = check_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self.paths)

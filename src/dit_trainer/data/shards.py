@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from dit_trainer.data.latents import check_epoch
 from dit_trainer.errors import ConfigError, DataError
 
 FORMAT = "dit-trainer-latent-shards"
@@ -224,9 +225,7 @@ class LatentShards(Dataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose flips and posterior noise `__getitem__` draws."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self.epoch = int(epoch)
+        self.epoch = check_epoch(epoch)
 
     def _array(self, shard: int) -> np.ndarray:
         if self._pid != os.getpid():

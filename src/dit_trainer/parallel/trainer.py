@@ -119,13 +119,8 @@ class ParallelTrainer(DiTTrainer):
     def train_step(self, batch) -> dict:
         if not self.dims.pp_enabled:
             return super().train_step(batch)
-        x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
-        x = x.to(self.device, dtype=torch.float32, non_blocking=True)
-        y = y.to(self.device, dtype=torch.long, non_blocking=True)
+        x, y, t, w, noise, drop = self._prepare(batch)
         self.model.train()
-        local = x.shape[0]
-        lo = self.dims.dp_rank * local
-        t, w, noise, drop = (v[lo : lo + local] for v in self._draw(local * self.dims.dp_size, x.shape[1:]))
         self.optimizer.zero_grad(set_to_none=True)
         x_t = self.diffusion.q_sample(x, t, noise=noise)
         target = pack_target(x, noise, t, w)

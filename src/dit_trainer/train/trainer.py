@@ -161,16 +161,21 @@ class DiTTrainer:
         drop = (torch.rand(global_batch, generator=self.generator, device=self.device) < p).long()
         return t, w, noise, drop
 
-    def train_step(self, batch) -> dict:
-        """One optimizer step on this rank's share of a global batch; returns floats."""
+    def _prepare(self, batch):
+        """This rank's (x, y) on the device, and its slice of the global batch's randomness."""
         x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
         x = x.to(self.device, dtype=torch.float32, non_blocking=True)
         y = y.to(self.device, dtype=torch.long, non_blocking=True)
-        self.model.train()
         local = x.shape[0]
         lo = self.dims.dp_rank * local
         t, w, noise, drop = (v[lo : lo + local] for v in self._draw(local * self.dims.dp_size, x.shape[1:]))
+        return x, y, t, w, noise, drop
 
+    def train_step(self, batch) -> dict:
+        """One optimizer step on this rank's share of a global batch; returns floats."""
+        x, y, t, w, noise, drop = self._prepare(batch)
+        self.model.train()
+        local = x.shape[0]
         accum = self.cfg.train.grad_accum_steps
         if local % accum:
             raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {accum}")
