@@ -1,0 +1,346 @@
+"""Speed, MFU and peak memory of `DiTTrainer.train_step`, per precision/compile/AC variant, against
+an fp32 baseline and a matmul peak measured in the same process.
+
+    python benchmarks/train_step.py                          # DiT-S/2, 32x32x4 latents, batch 32: fp32, bf16
+    python benchmarks/train_step.py --compile --ac           # adds bf16+compile and bf16+ac
+    python benchmarks/train_step.py --variants fp32,fp32+ac,bf16+compile+ac --device cuda
+    python benchmarks/train_step.py --model DiT-B/2 --batch-size 64 --depth 4
+
+1. Matmul peak: best time of square matmuls (n = 2048, 3072, 4096; 8192 too on CUDA) for fp32
+   and bf16, in this process, with its thread count and TF32 setting.
+2. FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` around one forward+backward of the
+   model at batch 2, divided by 2 (a DiT's FLOPs per image do not depend on the batch). Matmuls,
+   convolutions and attention count; on CPU the flash-attention kernel is counted with PyTorch's
+   own SDPA formulas, which it has no mapping for.
+   These are model FLOPs: recomputation under activation checkpointing and the optimizer and EMA
+   arithmetic are not counted, so MFU is the usual "useful work" ratio.
+3. Each variant is a fresh `DiTTrainer` (AdamW, EMA, diffusion loss, label dropout) fed the same
+   in-memory batch through `train_step((x, y))`: warm-up steps, then timed steps (s/step is the
+   median, with the range). All variants run in this one process, one after another.
+4. Peak memory: on CUDA `torch.cuda.max_memory_allocated` (reset before each variant builds its
+   trainer). On CPU the peak RSS of a process that already ran another variant says nothing, so
+   each variant is re-run in a fresh process (`--only VARIANT`, 2 steps) and its VmHWM is reported;
+   the header gives what such a process holds after its imports, before building the trainer.
+
+A variant is a precision (fp32 | bf16 | fp16) with optional "+compile" (`train.compile`: per-block
+`torch.compile`) and "+ac" (`train.activation_checkpointing full`).
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def proc_status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def parse_variant(name: str) -> dict:
+    precision, *mods = name.split("+")
+    if precision not in DTYPES or any(m not in ("compile", "ac") for m in mods):
+        raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +compile and/or +ac")
+    return {"name": name, "precision": precision, "compile": "compile" in mods, "ac": "ac" in mods}
+
+
+def make_config(args, variant: dict) -> dict:
+    model = {"name": args.model, "input_size": args.input_size, "in_channels": args.in_channels,
+             "num_classes": args.num_classes}
+    for key in ("depth", "hidden_size", "num_heads"):
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
+    return {
+        "output_dir": os.path.join(tempfile.gettempdir(), "dit-bench-train-step"),
+        "model": model,
+        "data": {"num_workers": 0},
+        "train": {
+            "global_batch_size": args.batch_size,
+            "device": args.device,
+            "mixed_precision": variant["precision"],
+            "compile": variant["compile"],
+            "activation_checkpointing": "full" if variant["ac"] else "none",
+        },
+        "logging": {"progress": False, "tensorboard": False},
+    }
+
+
+def make_batch(args, device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch_size, args.in_channels, args.input_size, args.input_size, generator=g)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+    return x.to(device), y.to(device)
+
+
+# -- 1. matmul peak --------------------------------------------------------------------------
+
+
+def matmul_peak(dtype, device, reps: int) -> tuple[float, int]:
+    """Best TFLOP/s over square matmul sizes; returns (TFLOP/s, n of the best)."""
+    sizes = (2048, 3072, 4096) + ((8192,) if device.type == "cuda" else ())
+    inner = 20 if device.type == "cuda" else 1  # matmuls per timed call
+    best, best_n = 0.0, 0
+    for n in sizes:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        torch.mm(a, b)  # warm-up: kernel selection, page faults
+        sync(device)
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                torch.mm(a, b)
+            sync(device)
+            tflops = inner * 2 * n**3 / (time.perf_counter() - t0) / 1e12
+            if tflops > best:
+                best, best_n = tflops, n
+        del a, b
+    return best, best_n
+
+
+# -- 2. FLOPs per image ----------------------------------------------------------------------
+
+
+def flops_per_image(args, device, batch: int) -> float:
+    """FlopCounterMode over one forward+backward of the model at `batch` samples, / batch."""
+    import torch.utils.flop_counter as fc
+
+    from dit_trainer.config import config_from_dict
+    from dit_trainer.models import get_spec
+
+    aten = torch.ops.aten
+
+    # PyTorch maps the CUDA attention kernels to its SDPA formulas but not the CPU flash kernel.
+    def sdpa_cpu(q, k, v, *rest, **kw):
+        return fc.sdpa_flop_count(q, k, v)
+
+    def sdpa_cpu_backward(grad_out, q, k, v, *rest, **kw):
+        return fc.sdpa_backward_flop_count(grad_out, q, k, v)
+
+    extra = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = sdpa_cpu
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = sdpa_cpu_backward
+
+    cfg = config_from_dict(make_config(args, parse_variant("fp32")))
+    torch.manual_seed(0)
+    model = get_spec(cfg.model.name).build_model_fn(cfg).to(device).train()
+    x, y = (v[:batch] for v in make_batch(args, device))
+    t = torch.randint(0, 1000, (batch,), device=device)
+    with fc.FlopCounterMode(display=False, custom_mapping=extra) as counter:
+        model(x, t, y).sum().backward()
+    total = counter.get_total_flops()
+    del model
+    return total / batch
+
+
+# -- 3./4. one variant ------------------------------------------------------------------------
+
+
+def build_trainer(args, variant):
+    from dit_trainer.train import DiTTrainer
+
+    return DiTTrainer(make_config(args, variant))
+
+
+def time_variant(args, variant: dict, device) -> dict:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer = build_trainer(args, variant)
+    batch = make_batch(args, device)
+    compute = DTYPE_NAMES.get(trainer.amp_dtype, "fp32")  # bf16 falls back to fp32 without native support
+    warmup = max(args.warmup, 2) if variant["compile"] else args.warmup  # compile happens in the first steps
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        trainer.train_step(batch)
+    sync(device)
+    warm_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.steps):
+        sync(device)
+        t0 = time.perf_counter()
+        trainer.train_step(batch)  # returns .item() floats: the step is finished on return
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    row = {"variant": variant["name"], "compute": compute, "times": times, "warm_s": warm_s, "warmup": warmup,
+           "params": sum(p.numel() for p in trainer.model.parameters())}
+    if device.type == "cuda":
+        row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    del trainer, batch
+    gc.collect()
+    return row
+
+
+def probe_memory(args, variant: dict, device) -> dict:
+    """Child of `--only`: peak RSS of a fresh process that builds the trainer and runs `--probe-steps`."""
+    import dit_trainer.train  # noqa: F401  (the imports belong to the baseline, not the variant)
+
+    batch = make_batch(args, device)
+    base = proc_status_mib("VmRSS")
+    trainer = build_trainer(args, variant)
+    for _ in range(args.probe_steps):
+        trainer.train_step(batch)
+    return {"variant": variant["name"], "base_mib": base, "peak_mib": proc_status_mib("VmHWM")}
+
+
+def memory_in_fresh_process(args, variant: dict) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--only", variant["name"], "--model", args.model,
+           "--batch-size", str(args.batch_size), "--input-size", str(args.input_size),
+           "--in-channels", str(args.in_channels), "--num-classes", str(args.num_classes),
+           "--device", args.device, "--probe-steps", str(args.probe_steps)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    for key in ("depth", "hidden_size", "num_heads"):
+        if getattr(args, key) is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    for line in proc.stdout.splitlines():
+        if line.startswith("MEM "):
+            return json.loads(line[4:])
+    sys.exit(f"memory probe for {variant['name']} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    right = [i > 0 for i in range(len(header))]
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 1) + ":" if r else ":" + "-" * (w + 1) for w, r in zip(widths, right)) + "|"
+    return "\n".join([line(header), rule, *map(line, rows)])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="DiT-S/2", help="registered model name (default: %(default)s)")
+    ap.add_argument("--depth", type=int, default=None, help="override the model's depth")
+    ap.add_argument("--hidden-size", type=int, default=None, help="override the model's hidden size")
+    ap.add_argument("--num-heads", type=int, default=None, help="override the model's head count")
+    ap.add_argument("--input-size", type=int, default=32, help="latent side (default: %(default)s)")
+    ap.add_argument("--in-channels", type=int, default=4)
+    ap.add_argument("--num-classes", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (at least 2 with compile)")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: %(default)s)")
+    ap.add_argument("--compile", action="store_true", help="add the bf16+compile variant")
+    ap.add_argument("--ac", action="store_true", help="add the bf16+ac variant")
+    ap.add_argument("--variants", default=None, help="comma-separated list instead, e.g. fp32,bf16,bf16+compile+ac")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--peak-reps", type=int, default=3, help="timed repetitions per matmul size")
+    ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs on CPU")
+    ap.add_argument("--only", default=None, help="run VARIANT's CPU memory probe in this process and print it")
+    ap.add_argument("--probe-steps", type=int, default=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    if args.only:
+        print("MEM " + json.dumps(probe_memory(args, parse_variant(args.only), device)), flush=True)
+        return
+
+    names = args.variants.split(",") if args.variants else ["fp32", "bf16"] + ["bf16+compile"] * args.compile + ["bf16+ac"] * args.ac
+    variants = [parse_variant(n) for n in names]
+    start = time.perf_counter()
+    load_start = loadavg()
+
+    dtypes = ["fp32", "bf16"] + sorted({v["precision"] for v in variants} - {"fp32", "bf16"})
+    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps) for d in dtypes}
+    # Every op of a DiT is per sample, so FLOPs/img do not depend on the batch (checked: DiT-S/2 counts
+    # the same at 1, 2 and 32); counting at 2 saves a full-batch fp32 step on a CPU.
+    flop_batch = min(args.batch_size, 2)
+    flops_img = flops_per_image(args, device, flop_batch)
+    rows = [time_variant(args, v, device) for v in variants]
+    if device.type == "cpu" and not args.no_memory:
+        for v, row in zip(variants, rows):
+            mem = memory_in_fresh_process(args, v)
+            row["peak_mib"], row["base_mib"] = mem["peak_mib"], mem["base_mib"]
+
+    # -- print -----------------------------------------------------------------------------
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    size = [f"{label} {getattr(args, k)}" for k, label in (("depth", "depth"), ("hidden_size", "hidden"), ("num_heads", "heads"))
+            if getattr(args, k)]
+    print(f"# benchmarks/train_step.py  {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  "
+          f"device {device.type} ({dev_name})  {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads  "
+          f"loadavg {load_start} (1/5/15 min)")
+    print(f"# {args.model}{' (' + ', '.join(size) + ')' if size else ''}, {rows[0]['params'] / 1e6:.1f}M params, "
+          f"{args.input_size}x{args.input_size}x{args.in_channels} latents, {args.num_classes} classes, batch {args.batch_size}; "
+          f"DiTTrainer.train_step: diffusion loss, AdamW, EMA")
+    print("# matmul peak (square n=" + "/".join(str(n) for n in ((2048, 3072, 4096) + ((8192,) if device.type == 'cuda' else ()))) +
+          f", best of {args.peak_reps}): " + ", ".join(f"{d} {p:.3f} TFLOP/s (n={n})" for d, (p, n) in peaks.items()))
+    print(f"# model FLOPs/img {flops_img / 1e9:.2f} GFLOP: FlopCounterMode over 1 fwd+bwd of the model at batch {flop_batch}, / {flop_batch} "
+          "(AC recompute, optimizer, EMA not counted)")
+    mem_note = ("peak mem = torch.cuda.max_memory_allocated per variant" if device.type == "cuda" else
+                f"peak mem = VmHWM of a fresh process running the variant for {args.probe_steps} steps "
+                f"(it holds {rows[0].get('base_mib', float('nan')):.0f} MiB after imports)" if "peak_mib" in rows[0] else
+                "peak mem not measured (--no-memory)")
+    print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (2 with compile); "
+          f"MFU = achieved / matmul peak of the compute dtype; {mem_note}")
+    base = statistics.median(rows[0]["times"])
+    out = []
+    for r in rows:
+        med = statistics.median(r["times"])
+        tflops = flops_img * args.batch_size / med / 1e12
+        out.append([
+            r["variant"], r["compute"], f"{med:.3f}", f"{min(r['times']):.2f}-{max(r['times']):.2f}",
+            f"{args.batch_size / med:.1f}", f"{tflops:.3f}", f"{100 * tflops / peaks[r['compute']][0]:.1f}%",
+            f"{100 * tflops / peaks['bf16'][0]:.1f}%",
+            f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-", f"{base / med:.2f}x",
+        ])
+    print(table(["variant", "compute", "s/step", "range s", "img/s", "TFLOP/s", "MFU", "MFU vs bf16 peak",
+                 "peak mem MiB", f"vs {rows[0]['variant']}"], out))
+    print(f"# total {time.perf_counter() - start:.0f} s; loadavg at end {loadavg()}")
+
+
+if __name__ == "__main__":
+    main()
