@@ -10,15 +10,17 @@ from dit_trainer.errors import DataError
 
 
 def adm_center_crop_arr(pil_image, image_size):
-    """guided-diffusion's image_datasets.center_crop_arr, verbatim, as the reference."""
-    while min(*pil_image.size) >= 2 * image_size:
-        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
-    scale = image_size / min(*pil_image.size)
-    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), resample=Image.BICUBIC)
-    arr = np.array(pil_image)
-    crop_y = (arr.shape[0] - image_size) // 2
-    crop_x = (arr.shape[1] - image_size) // 2
-    return arr[crop_y: crop_y + image_size, crop_x: crop_x + image_size]
+    """The ADM recipe from its description, through PIL's own crop: the independent reference."""
+    width, height = pil_image.size
+    # Box-filter halvings first: they average many pixels, which bicubic alone would alias.
+    while min(width, height) >= 2 * image_size:
+        width, height = width // 2, height // 2
+        pil_image = pil_image.resize((width, height), resample=Image.BOX)
+    factor = image_size / min(width, height)
+    pil_image = pil_image.resize((round(width * factor), round(height * factor)), resample=Image.BICUBIC)
+    left = (pil_image.size[0] - image_size) // 2
+    upper = (pil_image.size[1] - image_size) // 2
+    return np.asarray(pil_image.crop((left, upper, left + image_size, upper + image_size)))
 
 
 def _save(path, shape=(20, 30, 3), mode=None, seed=0):
