@@ -181,3 +181,21 @@ def test_dit_train_cli_writes_metrics(tmp_path):
     assert saved["optim"]["lr"] == 3e-4
     # A typo in an override names the closest key and exits 2 without a traceback.
     assert main(["train", "--config", str(tmp_path / "c.yaml"), "--optim.lrr", "1"]) == 2
+
+
+def test_train_writes_sample_grids_and_tensorboard(tmp_path):
+    from PIL import Image
+
+    data = write_npy_latents(tmp_path / "latents", n=8, shape=(3, 8, 8))
+    cfg = tiny_config(tmp_path / "run", data={"path": str(data)},
+                      model={"in_channels": 3},  # 3 channels: the grid shows them as RGB without a VAE
+                      train={"max_steps": 4, "global_batch_size": 4},
+                      logging={"image_steps": 2, "sample_steps": 2, "tensorboard": True,
+                               "sample_classes": [1, 2], "samples_per_class": 2})
+    trainer = DiTTrainer(cfg)
+    trainer.train()
+    grids = sorted(p.name for p in (tmp_path / "run" / "samples").iterdir())
+    assert grids == ["step-00000002.png", "step-00000004.png"]
+    grid = Image.open(tmp_path / "run" / "samples" / grids[-1])
+    assert grid.size == (2 * 10 + 2, 2 * 10 + 2)  # 2 classes x 2 samples of 8 px, 2 px padding
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
