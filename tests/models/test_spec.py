@@ -43,3 +43,14 @@ def test_register_new_spec():
     register_spec("test-tiny", ModelSpec(name="test-tiny", build_model_fn=lambda cfg: "built"))
     assert get_spec("test-tiny").build_model_fn({}) == "built"
     assert get_spec("test-tiny").state_dict_adapter is None
+
+
+def test_top_level_names():
+    import dit_trainer
+
+    assert dit_trainer.get_spec is get_spec
+    from dit_trainer.train import DiTTrainer
+
+    assert dit_trainer.DiTTrainer is DiTTrainer
+    with pytest.raises(AttributeError):
+        dit_trainer.not_a_name
