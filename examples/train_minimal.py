@@ -12,10 +12,9 @@ import argparse
 import time
 
 import torch
-import yaml
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import load_config
+from dit_trainer.config import config_yaml, load_config
 from dit_trainer.diffusion import create_diffusion
 from dit_trainer.models import get_spec
 from dit_trainer.train.checkpoint import save_checkpoint
@@ -95,7 +94,7 @@ def main(argv=None):
                 path = save_checkpoint(cfg.output_dir, step, {
                     "model.safetensors": model.state_dict(),
                     "ema.safetensors": ema.state_dict(),
-                    "config.yaml": yaml.safe_dump(cfg.to_dict(), sort_keys=False),
+                    "config.yaml": config_yaml(cfg),
                 })
                 print(f"saved {path}")
             if step >= args.steps:

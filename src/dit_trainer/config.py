@@ -299,9 +299,14 @@ def _is_yaml_scalar(value: str) -> bool:
     return value.lower() in ("true", "false", "null", "none")
 
 
+def config_yaml(cfg: Config) -> str:
+    """The config as the YAML text that `load_config` reads back."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def save_config(cfg: Config, path) -> None:
     """Write the config as YAML."""
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    Path(path).write_text(config_yaml(cfg))
 
 
 def as_config(config) -> Config:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from dit_trainer.errors import ConfigError, DitError
-from dit_trainer.data.latents import check_epoch, flip_for
+from dit_trainer.data.latents import check_epoch, check_index, flip_for
 
 DIGIT_CLASS_NAMES = [str(i) for i in range(10)]
 _MAX_PIXEL = 16.0  # load_digits() pixels count 4×4 blocks of set bits: 0..16
@@ -74,11 +74,7 @@ class DigitsDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int):
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} items")
+        index = check_index(index, len(self))
         x = self.images[index].clone()
         if self.random_flip and flip_for(self.seed, self.epoch, index):
             x = x.flip(-1)

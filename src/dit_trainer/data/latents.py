@@ -113,6 +113,16 @@ def _resolve_num_classes(num_classes: Optional[int], labels: np.ndarray, class_n
     return num_classes
 
 
+def check_index(index, length: int) -> int:
+    """`index` as a non-negative position (negative counts from the end), or IndexError."""
+    index = int(index)
+    if index < 0:
+        index += length
+    if not 0 <= index < length:
+        raise IndexError(f"index {index} out of range for {length} items")
+    return index
+
+
 def check_epoch(epoch) -> int:
     """A non-negative integer epoch, or ValueError."""
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
@@ -161,11 +171,7 @@ class _LatentFiles(Dataset):
         return arr.astype(np.float32, copy=False)
 
     def __getitem__(self, index: int):
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} out of range for {len(self)} items")
+        index = check_index(index, len(self))
         arr = self.load_latent(index)
         if self.random_flip and flip_for(self.seed, self.epoch, index):
             arr = arr[:, :, ::-1]

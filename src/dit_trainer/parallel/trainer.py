@@ -6,14 +6,15 @@ randomness are drawn identically on every rank and sliced by data-parallel rank,
 any layout is the loss of one process at the same global batch.
 """
 
+import contextlib
 import functools
-import shutil
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from dit_trainer.config import config_yaml
 from dit_trainer.errors import ConfigError
 from dit_trainer.parallel import checkpoint as pckpt
 from dit_trainer.parallel.dims import init_distributed
@@ -85,8 +86,6 @@ class ParallelTrainer(DiTTrainer):
         return clip_grad_norm_([p for p in self.model.parameters()], max_norm, pp_group=pp_group)
 
     def _no_sync(self, skip: bool):
-        import contextlib
-
         @contextlib.contextmanager
         def ctx():
             mods = [m for part in self.model_parts for m in part.modules() if hasattr(m, "set_requires_gradient_sync")]
@@ -124,20 +123,10 @@ class ParallelTrainer(DiTTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         x_t = self.diffusion.q_sample(x, t, noise=noise)
         target = pack_target(x, noise, t, w)
-        ctx = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else _null()
-        with ctx:
+        with self._autocast():
             pp = self._pp
             loss = pipeline_step(pp.schedule, pp.has_first, pp.has_last, self.dims, x_t, self._model_timesteps(t), y, drop, target)
-        loss = self.dims.all_reduce_mean(loss)
-        grad_norm = self._optimizer_step()
-        self.step += 1
-        from dit_trainer.train.ema import ema_decay_at
-
-        self._update_ema(ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
-        out = {"loss": loss.item(), "lr": self.lr_scheduler.get_last_lr()[0]}
-        if grad_norm is not None:
-            out["grad_norm"] = float(grad_norm)
-        return out
+        return self._finish_step(loss)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -145,28 +134,19 @@ class ParallelTrainer(DiTTrainer):
         """Full files from rank 0 when nothing is sharded (DDP); otherwise DCP shards plus the full EMA."""
         if not self.sharded:
             return super().save_checkpoint()
-        import yaml
-
         root = ckpt.checkpoint_root(self.cfg.output_dir)
-        final, tmp = root / f"step-{self.step:08d}", root / f"step-{self.step:08d}.tmp"
+        tmp = root / f"step-{self.step:08d}.tmp"
         main = self.dims.is_main
         if main:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
+            tmp = ckpt.begin_checkpoint(self.cfg.output_dir, self.step)
         _barrier()
         pckpt.save_sharded(tmp / "dcp", self.model_parts, self.optimizer, self.ema, self.trainer_state())
         # Sampling and the converters read full weights; gathering them costs one all-gather per tensor.
         pckpt.export_safetensors(tmp / "ema.safetensors", self.ema.state_dict(), self.model_parts, self.dims)
+        final = root / f"step-{self.step:08d}"
         if main:
-            (tmp / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            keep = self.cfg.checkpoint.save_total_limit
-            if keep > 0:
-                for old in ckpt.list_checkpoints(self.cfg.output_dir)[:-keep]:
-                    shutil.rmtree(old, ignore_errors=True)
+            (tmp / "config.yaml").write_text(config_yaml(self.cfg))
+            ckpt.commit_checkpoint(tmp, self.cfg.checkpoint.save_total_limit)
         _barrier()
         return final
 
@@ -195,9 +175,3 @@ class ParallelTrainer(DiTTrainer):
             result = sample_grid_from_trainer(SimpleNamespace(cfg=self.cfg, ema=model, device=self.device), path, **kwargs)
         _barrier()
         return result
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -44,19 +44,36 @@ def _contiguous(sd: dict) -> dict:
     return {k: v.detach().contiguous().clone() if not v.is_contiguous() else v.detach() for k, v in sd.items()}
 
 
+def begin_checkpoint(output_dir, step: int) -> Path:
+    """A fresh temporary directory for the checkpoint of `step`; `commit_checkpoint` publishes it."""
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"step-{step:08d}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(tmp: Path, keep: int = 0) -> Path:
+    """Rename a finished temporary directory to its final name; keep the newest `keep` (0 keeps all)."""
+    final = tmp.with_name(tmp.name.removesuffix(".tmp"))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    if keep > 0:
+        for old in list_checkpoints(final.parent.parent)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0) -> Path:
     """Write one checkpoint atomically and keep only the newest `keep` (0 keeps all).
 
     `files` maps file names to content: `*.safetensors` take a state dict of tensors,
     `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string.
     """
-    root = checkpoint_root(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f"step-{step:08d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = begin_checkpoint(output_dir, step)
     for name, content in files.items():
         path = tmp / name
         if name.endswith(".safetensors"):
@@ -65,13 +82,7 @@ def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0) -> Path:
             torch.save(content, path)
         else:
             path.write_text(content)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    if keep > 0:
-        for old in list_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    return commit_checkpoint(tmp, keep)
 
 
 def load_pt(path):

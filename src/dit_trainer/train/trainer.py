@@ -14,7 +14,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from dit_trainer.config import as_config, save_config
+from dit_trainer.config import as_config, config_yaml, save_config
 from dit_trainer.diffusion import create_diffusion, create_named_schedule_sampler
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
@@ -148,10 +148,13 @@ class DiTTrainer:
 
     def _model_fn(self, x, t, **kwargs):
         # Autocast only the network; the diffusion arithmetic around it stays in float32.
-        ctx = torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
-        with ctx:
+        with self._autocast():
             out = self.model(x, t, **kwargs)
         return out.float()
+
+    def _autocast(self):
+        """Autocast to the run's mixed-precision dtype, or nothing for fp32."""
+        return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
 
     def _draw(self, global_batch: int, shape):
         """Timesteps, weights, noise and label-dropout mask for the whole global batch."""
@@ -192,10 +195,14 @@ class DiTTrainer:
                 loss = (losses["loss"] * w[sl]).mean() / accum
                 self._backward(loss)
             loss_sum += loss.detach()
+        return self._finish_step(loss_sum)
+
+    def _finish_step(self, loss) -> dict:
+        """After backward: optimizer (with clipping), step count, EMA; the global-batch loss as floats."""
         grad_norm = self._optimizer_step()
         self.step += 1
         self._update_ema(ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
-        out = {"loss": self.dims.all_reduce_mean(loss_sum).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
+        out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
         if grad_norm is not None:
             out["grad_norm"] = float(grad_norm)
         return out
@@ -262,14 +269,12 @@ class DiTTrainer:
         """Write model, EMA, optimizer and trainer state for the current step."""
         if not self.dims.is_main:
             return None
-        import yaml
-
         files = {
             "model.safetensors": self._unwrapped().state_dict(),
             "ema.safetensors": self.ema.state_dict(),
             "optimizer.pt": self.optimizer.state_dict(),
             "trainer_state.pt": self.trainer_state(),
-            "config.yaml": yaml.safe_dump(self.cfg.to_dict(), sort_keys=False),
+            "config.yaml": config_yaml(self.cfg),
         }
         return ckpt.save_checkpoint(self.cfg.output_dir, self.step, files, keep=self.cfg.checkpoint.save_total_limit)
 
