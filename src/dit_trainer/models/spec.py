@@ -34,6 +34,10 @@ class ModelSpec:
     clip_grad_fn: Optional[Callable] = None
     state_dict_adapter: Optional[Any] = None
 
+    def from_released(self, state_dict: dict) -> dict:
+        """A state dict in the family's released names (or a wrapped training copy) in ours."""
+        return self.state_dict_adapter.from_released(state_dict) if self.state_dict_adapter else dict(state_dict)
+
 
 _REGISTRY: dict[str, ModelSpec] = {}
 

@@ -34,6 +34,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         cfg = Config()
         cfg.model.name, cfg.model.input_size, cfg.model.num_classes = model_name, size // 8, int(num_classes)
         cfg.data.image_size, cfg.data.vae = size, DEFAULT_VAE
-    model = get_spec(cfg.model.name).build_model_fn(cfg)
-    load_into(model, load_weights(path, prefer_ema=prefer_ema), path)
+    spec = get_spec(cfg.model.name)
+    model = spec.build_model_fn(cfg)
+    load_into(model, spec.from_released(load_weights(path, prefer_ema=prefer_ema)), path)
     return model.eval(), cfg

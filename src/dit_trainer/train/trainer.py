@@ -65,7 +65,7 @@ class DiTTrainer:
         if cfg.model.weights_path:
             from dit_trainer.checkpoint import load_into, load_weights
 
-            load_into(model, load_weights(cfg.model.weights_path), cfg.model.weights_path)
+            load_into(model, self.spec.from_released(load_weights(cfg.model.weights_path)), cfg.model.weights_path)
         model.to(self.device)
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.objective = build_objective(cfg)
