@@ -23,7 +23,11 @@ an fp32 baseline and a matmul peak measured in the same process.
    the header gives what such a process holds after its imports, before building the trainer.
 
 A variant is a precision (fp32 | bf16 | fp16) with optional "+compile" (`train.compile`: per-block
-`torch.compile`) and "+ac" (`train.activation_checkpointing full`).
+`torch.compile`) and "+ac" (`train.activation_checkpointing full`). `orig-fp32` and `orig-bf16` are
+the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
+`training_losses` drawing t and noise inside, AdamW, EMA by a loop over named parameters), the
+second under one `torch.autocast(bfloat16)` around the forward and loss, as a user would add it.
+Every row is also given as a ratio to both baselines when they ran.
 """
 
 import argparse
@@ -80,6 +84,8 @@ def cpu_name() -> str:
 
 
 def parse_variant(name: str) -> dict:
+    if name in ("orig-fp32", "orig-bf16"):
+        return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True}
     precision, *mods = name.split("+")
     if precision not in DTYPES or any(m not in ("compile", "ac") for m in mods):
         raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +compile and/or +ac")
@@ -178,7 +184,49 @@ def flops_per_image(args, device, batch: int) -> float:
 # -- 3./4. one variant ------------------------------------------------------------------------
 
 
+class OriginalLoop:
+    """facebookresearch/DiT's train.py step: the baseline every variant is compared with."""
+
+    def __init__(self, args, variant, device):
+        import copy
+        from collections import OrderedDict
+
+        from dit_trainer.config import config_from_dict
+        from dit_trainer.diffusion import create_diffusion
+        from dit_trainer.models import get_spec
+
+        cfg = config_from_dict(make_config(args, variant))
+        torch.manual_seed(0)
+        self.model = get_spec(cfg.model.name).build_model_fn(cfg).to(device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False)
+        self.diffusion = create_diffusion(timestep_respacing="")
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0)
+        self.device = device
+        self.amp_dtype = torch.bfloat16 if variant["precision"] == "bf16" else None
+        self._od = OrderedDict
+
+    @torch.no_grad()
+    def update_ema(self, decay=0.9999):
+        ema_params = self._od(self.ema.named_parameters())
+        for name, param in self._od(self.model.named_parameters()).items():
+            ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)
+
+    def train_step(self, batch):
+        x, y = batch
+        self.model.train()
+        t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=self.device)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            loss = self.diffusion.training_losses(self.model, x, t, dict(y=y))["loss"].mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.update_ema()
+        return {"loss": loss.item()}
+
+
 def build_trainer(args, variant):
+    if variant.get("original"):
+        return OriginalLoop(args, variant, torch.device(args.device))
     from dit_trainer.train import DiTTrainer
 
     return DiTTrainer(make_config(args, variant))
@@ -289,7 +337,8 @@ def main():
         print("MEM " + json.dumps(probe_memory(args, parse_variant(args.only), device)), flush=True)
         return
 
-    names = args.variants.split(",") if args.variants else ["fp32", "bf16"] + ["bf16+compile"] * args.compile + ["bf16+ac"] * args.ac
+    names = (args.variants.split(",") if args.variants else
+             ["orig-fp32", "orig-bf16", "fp32", "bf16"] + ["bf16+compile"] * args.compile + ["bf16+ac"] * args.ac)
     variants = [parse_variant(n) for n in names]
     start = time.perf_counter()
     load_start = loadavg()
@@ -326,7 +375,9 @@ def main():
                 "peak mem not measured (--no-memory)")
     print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (2 with compile); "
           f"MFU = achieved / matmul peak of the compute dtype; {mem_note}")
-    base = statistics.median(rows[0]["times"])
+    medians = {r["variant"]: statistics.median(r["times"]) for r in rows}
+    mem = {r["variant"]: r["peak_mib"] for r in rows if "peak_mib" in r}
+    baselines = [b for b in ("orig-fp32", "orig-bf16") if b in medians] or [rows[0]["variant"]]
     out = []
     for r in rows:
         med = statistics.median(r["times"])
@@ -335,10 +386,12 @@ def main():
             r["variant"], r["compute"], f"{med:.3f}", f"{min(r['times']):.2f}-{max(r['times']):.2f}",
             f"{args.batch_size / med:.1f}", f"{tflops:.3f}", f"{100 * tflops / peaks[r['compute']][0]:.1f}%",
             f"{100 * tflops / peaks['bf16'][0]:.1f}%",
-            f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-", f"{base / med:.2f}x",
+            f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-",
+            *(f"{medians[b] / med:.2f}x" for b in baselines),
+            *(f"{r['peak_mib'] / mem[b]:.2f}x" if "peak_mib" in r and b in mem else "-" for b in baselines[-1:]),
         ])
     print(table(["variant", "compute", "s/step", "range s", "img/s", "TFLOP/s", "MFU", "MFU vs bf16 peak",
-                 "peak mem MiB", f"vs {rows[0]['variant']}"], out))
+                 "peak mem MiB", *(f"speed vs {b}" for b in baselines), f"mem vs {baselines[-1]}"], out))
     print(f"# total {time.perf_counter() - start:.0f} s; loadavg at end {loadavg()}")
 
 
