@@ -21,8 +21,11 @@ class ShardedEMA:
         }
 
     def _pairs(self):
-        named = {n: p for part in self.model_parts for n, p in part.named_parameters()}
-        return [local(self.shadow[n]) for n in named], [local(p.detach()) for p in named.values()]
+        # Built once: the parameters (and their DTensor shards) keep their identity for the run.
+        if getattr(self, "_cached", None) is None:
+            named = {n: p for part in self.model_parts for n, p in part.named_parameters()}
+            self._cached = [local(self.shadow[n]) for n in named], [local(p.detach()) for p in named.values()]
+        return self._cached
 
     @torch.no_grad()
     def update(self, decay: float) -> None:

@@ -25,7 +25,7 @@ from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
-from dit_trainer.parallel.utils import clip_grad_norm_
+from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
 from dit_trainer.train import checkpointing
 from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.metrics import MetricsLogger
@@ -75,13 +75,21 @@ class DiTTrainer:
         # The EMA is kept like the parameters: full on one process, shards under FSDP/TP/PP.
         self.ema = ShardedEMA(self.model_parts)
 
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # The fused kernel where it applies: on CPU the default per-parameter loop costs as much as
+        # a DiT-S step's backward. A mix of DTensor and plain parameters (TP leaves the embedders
+        # whole) fits neither fused nor foreach kernels, so sharded layouts keep the default.
+        # Decided for the whole run, not per rank, so every rank's optimizer state has one form.
+        sharded_params = self.dims.distributed or any(is_dtensor(p) for p in params)
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            params,
             lr=cfg.optim.lr,
             weight_decay=cfg.optim.weight_decay,
             betas=(cfg.optim.beta1, cfg.optim.beta2),
             eps=cfg.optim.eps,
+            fused=not sharded_params or None,
         )
+        self._optimizer_kernels = {k: self.optimizer.param_groups[0][k] for k in ("fused", "foreach")}
         warmup = cfg.optim.warmup_steps
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
@@ -293,6 +301,10 @@ class DiTTrainer:
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
         checkpointing.load(self, path)
+        # The saved param_groups carry the writer's kernel choice (fused on one process); this
+        # layout's parameters decide which kernel can run here.
+        for group in self.optimizer.param_groups:
+            group["fused"], group["foreach"] = self._optimizer_kernels["fused"], self._optimizer_kernels["foreach"]
 
     def ema_model(self):
         """A plain eval-mode model holding the EMA weights on rank 0 (None elsewhere); all ranks call it."""
