@@ -21,9 +21,13 @@ def _register_dit():
 
 _register_dit()
 
+from dit_trainer.models.sit import SiT, SiT_models  # noqa: E402  (registers the SiT specs)
+
 __all__ = [
     "DiT",
     "DiT_models",
+    "SiT",
+    "SiT_models",
     "DiTBlock",
     "FinalLayer",
     "LabelEmbedder",

@@ -1,0 +1,81 @@
+"""The objective interface (what a train step draws, feeds the network and scores) and its registry.
+
+See docs/design.md, "objectives". An objective is built from the config by `build_objective(cfg)`,
+which reads `cfg.objective` ("diffusion" when absent). Implementations live in their packages
+(`diffusion/objective.py`, `transport/objective.py`) and are imported only when asked for, so this
+module imports no torch and no objective package.
+"""
+
+import importlib
+
+from dit_trainer.errors import ConfigError
+
+
+class Objective:
+    """Base class: the randomness of a step, the network's input, the per-sample loss, sampling."""
+
+    name = "objective"
+    samplers: tuple = ()
+    default_sampler = None
+
+    def draw(self, n, sample_shape, generator, device):
+        """Every per-sample random value of a step for the whole global batch, from `generator` only."""
+        raise NotImplementedError
+
+    def model_input(self, x, draws):
+        """(x_t, t_model): what the network sees for clean data x."""
+        raise NotImplementedError
+
+    def loss(self, output, x, draws):
+        """(n,) per-sample loss of the network's output, weights applied."""
+        raise NotImplementedError
+
+    def observe(self, draws, losses):
+        """Feed per-sample losses to a loss-aware t sampler; nothing by default."""
+
+    def state_dict(self):
+        """Whatever must survive a resume; nothing by default."""
+        return {}
+
+    def load_state_dict(self, state):
+        """Restore what `state_dict` returned."""
+
+    def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
+        """Samples from initial noise z with model_fn(x, t, **model_kwargs)."""
+        raise NotImplementedError
+
+
+_FACTORIES = {
+    "diffusion": "dit_trainer.diffusion.objective:DiffusionObjective.from_config",
+    "transport": "dit_trainer.transport.objective:TransportObjective.from_config",
+}
+
+
+def register_objective(name: str, target: str) -> None:
+    """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted)."""
+    if ":" not in target:
+        raise ValueError(f"objective target {target!r} must read 'module:attr'")
+    if name in _FACTORIES and _FACTORIES[name] != target:
+        raise ValueError(f"objective {name!r} is already registered as {_FACTORIES[name]}")
+    _FACTORIES[name] = target
+
+
+def list_objectives() -> list:
+    """Names `cfg.objective` may take."""
+    return list(_FACTORIES)
+
+
+def _resolve(target: str):
+    module_name, attr = target.split(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_objective(cfg):
+    """The objective named by `cfg.objective` (default "diffusion"), built from `cfg`."""
+    name = getattr(cfg, "objective", None) or "diffusion"
+    if name not in _FACTORIES:
+        raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
+    return _resolve(_FACTORIES[name])(cfg)
