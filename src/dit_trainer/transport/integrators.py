@@ -20,10 +20,18 @@ def _torchdiffeq():
 
 
 def ode_methods():
-    """The method names torchdiffeq's odeint accepts (euler, midpoint, rk4, dopri5, heun3, ...)."""
+    """torchdiffeq's odeint methods (euler, midpoint, rk4, dopri5, heun3, ...) but scipy_solver,
+    which needs solver options of its own."""
     from torchdiffeq._impl.odeint import SOLVERS
 
-    return tuple(SOLVERS)
+    return tuple(m for m in SOLVERS if m != "scipy_solver")
+
+
+def _is_adaptive(method):
+    from torchdiffeq._impl.odeint import SOLVERS
+    from torchdiffeq._impl.rk_common import RKAdaptiveStepsizeODESolver
+
+    return issubclass(SOLVERS[method], RKAdaptiveStepsizeODESolver)
 
 
 def time_grid(t0, t1, num_steps, device):
@@ -60,7 +68,12 @@ class ODE:
         t = time_grid(self.t0, self.t1, self.num_steps, device).to(ref.dtype)
         atol = [self.atol] * len(x) if is_tuple else [self.atol]
         rtol = [self.rtol] * len(x) if is_tuple else [self.rtol]
-        return self._odeint(fn, x, t, method=self.method, atol=atol, rtol=rtol)
+        options = None
+        if _is_adaptive(self.method):
+            # An adaptive step may otherwise overshoot the last output time and evaluate the model
+            # past t1; VP's σ_t is NaN beyond t = 1, which the release's sampler runs into.
+            options = {"step_t": t[-1:]}
+        return self._odeint(fn, x, t, method=self.method, atol=atol, rtol=rtol, options=options)
 
 
 class SDE:
