@@ -127,7 +127,7 @@ class DiffusionObjective(Objective):
         if unknown:
             raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
                               f"it takes {', '.join(_OPTIONS[sampler])}")
-        diffusion = self.respaced(sampler, steps or _DEFAULT_STEPS[sampler])
+        diffusion = self.respaced(sampler, _DEFAULT_STEPS[sampler] if steps is None else steps)
         clip = options.get("clip_denoised", z.shape[1] in (1, 3))
         extra = {"eta": options["eta"]} if "eta" in options else {}
         loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop
