@@ -117,5 +117,6 @@ def test_tiny_sit_learns_the_digits():
         loss.backward()
         opt.step()
     after = eval_loss()
+    print(f"eval loss {before:.4f} -> {after:.4f}")
     assert after < 0.7 * before, (before, after)
     assert time.time() - start < 30
