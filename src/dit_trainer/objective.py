@@ -1,51 +1,44 @@
-"""The objective: what a model learns and how it is sampled, as one value built from the config.
+"""The objective interface (what a train step draws, feeds the network and scores) and its registry.
 
-The trainer, the pipeline's last stage and the sampler talk only to this interface, so Gaussian
-diffusion (`diffusion/`) and interpolant transport (`transport/`) are interchangeable:
-
-    draws = objective.draw(n, sample_shape, generator, device)   # all randomness of a step
-    x_t, t = objective.model_input(x, draws)                      # what the network sees
-    loss = objective.loss(model(x_t, t, y), x, draws).mean()      # per-sample, weights applied
-
-`draw` takes every random value of a step for the whole global batch from the given generator
-only; data-parallel ranks slice what it returns, so every layout and a resume see the same step.
+See docs/design.md, "objectives". An objective is built from the config by `build_objective(cfg)`,
+which reads `cfg.objective` ("diffusion" when absent). Implementations live in their packages
+(`diffusion/objective.py`, `transport/objective.py`) and are imported only when asked for, so this
+module imports no torch and no objective package.
 """
 
 import importlib
-
-import torch
 
 from dit_trainer.errors import ConfigError
 
 
 class Objective:
-    """Base of every objective; see the module docstring for the contract."""
+    """Base class: the randomness of a step, the network's input, the per-sample loss, sampling."""
 
-    name = ""
+    name = "objective"
     samplers: tuple = ()
-    default_sampler = ""
+    default_sampler = None
 
-    def draw(self, n: int, sample_shape, generator: torch.Generator, device) -> dict:
-        """Every per-sample random value of a step (leading dim n), from `generator` only."""
+    def draw(self, n, sample_shape, generator, device):
+        """Every per-sample random value of a step for the whole global batch, from `generator` only."""
         raise NotImplementedError
 
-    def model_input(self, x: torch.Tensor, draws: dict):
-        """(x_t, t): the noised input and the time the network is conditioned on."""
+    def model_input(self, x, draws):
+        """(x_t, t_model): what the network sees for clean data x."""
         raise NotImplementedError
 
-    def loss(self, output: torch.Tensor, x: torch.Tensor, draws: dict) -> torch.Tensor:
-        """(n,) per-sample losses of the network's `output`, weights applied."""
+    def loss(self, output, x, draws):
+        """(n,) per-sample loss of the network's output, weights applied."""
         raise NotImplementedError
 
-    def observe(self, draws: dict, losses: torch.Tensor) -> None:
-        """Called with each step's per-sample losses (loss-aware time samplers learn from them)."""
+    def observe(self, draws, losses):
+        """Feed per-sample losses to a loss-aware t sampler; nothing by default."""
 
-    def state_dict(self) -> dict:
-        """What a resume needs besides the generator (a loss-aware sampler's history)."""
+    def state_dict(self):
+        """Whatever must survive a resume; nothing by default."""
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore `state_dict()`."""
+    def load_state_dict(self, state):
+        """Restore what `state_dict` returned."""
 
     def check_sampler(self, sampler):
         """`sampler` or the default, refused with a one-line error if this objective lacks it."""
@@ -55,26 +48,41 @@ class Objective:
         return sampler
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
-        """The final sample from initial noise `z`, calling `model_fn(x, t, **model_kwargs)`."""
+        """Samples from initial noise z with model_fn(x, t, **model_kwargs)."""
         raise NotImplementedError
 
 
-_OBJECTIVES = {
-    "diffusion": "dit_trainer.diffusion.objective:DiffusionObjective",
+_FACTORIES = {
+    "diffusion": "dit_trainer.diffusion.objective:DiffusionObjective.from_config",
+    "transport": "dit_trainer.transport.objective:TransportObjective.from_config",
 }
 
 
 def register_objective(name: str, target: str) -> None:
-    """Make `cfg.objective = name` build `module:Class` through its `from_config(cfg)`."""
-    if name in _OBJECTIVES:
-        raise ValueError(f"objective {name!r} is already registered")
-    _OBJECTIVES[name] = target
+    """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted)."""
+    if ":" not in target:
+        raise ValueError(f"objective target {target!r} must read 'module:attr'")
+    if name in _FACTORIES and _FACTORIES[name] != target:
+        raise ValueError(f"objective {name!r} is already registered as {_FACTORIES[name]}")
+    _FACTORIES[name] = target
 
 
-def build_objective(cfg) -> Objective:
-    """The objective `cfg.objective` names, built from the config."""
-    name = getattr(cfg, "objective", "diffusion") or "diffusion"
-    if name not in _OBJECTIVES:
-        raise ConfigError(f"objective {name!r} is not one of {', '.join(_OBJECTIVES)}; set objective to one of them")
-    module, attr = _OBJECTIVES[name].split(":")
-    return getattr(importlib.import_module(module), attr).from_config(cfg)
+def list_objectives() -> list:
+    """Names `cfg.objective` may take."""
+    return list(_FACTORIES)
+
+
+def _resolve(target: str):
+    module_name, attr = target.split(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build_objective(cfg):
+    """The objective named by `cfg.objective` (default "diffusion"), built from `cfg`."""
+    name = getattr(cfg, "objective", None) or "diffusion"
+    if name not in _FACTORIES:
+        raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
+    return _resolve(_FACTORIES[name])(cfg)

@@ -6,7 +6,7 @@ import torch
 from dit_trainer.config import config_from_dict
 from dit_trainer.diffusion.objective import DiffusionObjective
 from dit_trainer.errors import ConfigError
-from dit_trainer.objective import build_objective, register_objective
+from dit_trainer.objective import build_objective, list_objectives, register_objective
 
 
 def _objective(**diffusion):
@@ -25,6 +25,7 @@ def test_factory_builds_diffusion_by_default():
         build_objective(config_from_dict({"objective": "nope"}))
     with pytest.raises(ValueError, match="already registered"):
         register_objective("diffusion", "x:y")
+    assert "transport" in list_objectives()
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "loss-second-moment"])
@@ -54,7 +55,8 @@ def test_draw_comes_from_the_generator_only():
 
 def test_respaced_model_input_maps_timesteps():
     cfg = config_from_dict({"model": {"learn_sigma": True}})
-    obj = DiffusionObjective(cfg, diffusion=DiffusionObjective(cfg).respaced("ddim", 10))
+    base = DiffusionObjective.from_config(cfg)
+    obj = DiffusionObjective(base.respaced("ddim", 10), base.schedule_sampler, cfg)
     draws = {"t": torch.tensor([0, 9]), "noise": torch.zeros(2, 1, 2, 2), "weight": torch.ones(2)}
     _, t = obj.model_input(torch.zeros(2, 1, 2, 2), draws)
     assert t.tolist() == [obj.diffusion.timestep_map[0], obj.diffusion.timestep_map[9]] and t[1] > 9

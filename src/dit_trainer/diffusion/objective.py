@@ -1,5 +1,6 @@
-"""Gaussian diffusion as an objective: facebookresearch/DiT's `training_losses` and sampling
-loops behind the `Objective` interface, with the step's t and noise given by the trainer."""
+"""`DiffusionObjective`: DiT's Gaussian diffusion behind the trainer's objective interface."""
+
+import contextlib
 
 import torch
 
@@ -7,12 +8,14 @@ from dit_trainer.diffusion import create_diffusion, create_named_schedule_sample
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import Objective
 
+_OPTIONS = {"ddpm": ("clip_denoised", "generator"), "ddim": ("clip_denoised", "generator", "eta")}
+_DEFAULT_STEPS = {"ddpm": 250, "ddim": 50}
 
-def diffusion_from_config(cfg, timestep_respacing=""):
-    """The Gaussian diffusion described by `cfg.diffusion` and `cfg.model.learn_sigma`."""
+
+def diffusion_kwargs(cfg) -> dict:
+    """create_diffusion's arguments from `cfg.diffusion` and `cfg.model.learn_sigma`."""
     d = cfg.diffusion
-    return create_diffusion(
-        timestep_respacing=timestep_respacing,
+    return dict(
         noise_schedule=d.noise_schedule,
         use_kl=d.use_kl,
         sigma_small=d.sigma_small,
@@ -23,82 +26,120 @@ def diffusion_from_config(cfg, timestep_respacing=""):
     )
 
 
+def diffusion_from_config(cfg, timestep_respacing=""):
+    """The Gaussian diffusion described by `cfg.diffusion` and `cfg.model.learn_sigma`."""
+    return create_diffusion(timestep_respacing=timestep_respacing, **diffusion_kwargs(cfg))
+
+
+@contextlib.contextmanager
+def _seeded_global_rng(generator, device):
+    # The diffusion loops draw per-step noise from the global RNG: fork it, seeded from the
+    # caller's generator, so the caller's own global RNG state is left untouched.
+    if generator is None:
+        yield
+        return
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        yield
+
+
 class DiffusionObjective(Objective):
-    """DDPM ε-prediction (learned σ with the VB term) on integer timesteps; DDPM and DDIM samplers."""
+    """Draws (t, weight, noise) with a schedule sampler, feeds q_sample(x, t, noise), scores with
+    `diffusion.training_losses` times the importance weight."""
 
     name = "diffusion"
     samplers = ("ddpm", "ddim")
     default_sampler = "ddim"
 
-    def __init__(self, cfg, diffusion=None, schedule_sampler="uniform"):
+    def __init__(self, diffusion, schedule_sampler, cfg=None):
+        self.diffusion = diffusion
+        self.schedule_sampler = schedule_sampler
         self.cfg = cfg
-        self.diffusion = diffusion if diffusion is not None else diffusion_from_config(cfg)
-        self.schedule_sampler = create_named_schedule_sampler(schedule_sampler, self.diffusion)
+        self._kwargs = diffusion_kwargs(cfg) if cfg is not None else None
 
     @classmethod
     def from_config(cls, cfg):
-        """The objective of `cfg.diffusion` (schedule, loss type, timestep sampler)."""
-        return cls(cfg, schedule_sampler=cfg.diffusion.timestep_sampler)
+        """Built from `cfg.diffusion` (schedule, loss, timestep sampler) and `cfg.model.learn_sigma`."""
+        diffusion = create_diffusion(timestep_respacing="", **diffusion_kwargs(cfg))
+        name = cfg.diffusion.timestep_sampler
+        try:
+            sampler = create_named_schedule_sampler(name, diffusion)
+        except NotImplementedError:
+            raise ConfigError(f"diffusion.timestep_sampler {name!r} is not one of uniform, loss-second-moment") from None
+        return cls(diffusion, sampler, cfg)
 
     def draw(self, n, sample_shape, generator, device):
-        """Timesteps and importance weights from the schedule sampler, then the noise."""
-        t, w = self.schedule_sampler.sample(n, device, generator=generator)
+        """{"t", "weight", "noise"}: timesteps and weights from the schedule sampler, then the noise.
+
+        The order of the draws is part of the contract: resume and parity tests replay it.
+        """
+        t, weight = self.schedule_sampler.sample(n, device, generator=generator)
         noise = torch.randn((n, *sample_shape), generator=generator, device=device)
-        return {"t": t, "weight": w, "noise": noise}
+        return {"t": t, "weight": weight, "noise": noise}
 
     def model_input(self, x, draws):
-        """x_t = q_sample(x, t, noise), and t as the network sees it (respacing maps it)."""
+        """(q_sample(x, t, noise), t): the network sees integer timesteps of the base process
+        (a respaced diffusion maps its indices to them, as its sampling loops do)."""
         t = draws["t"]
         x_t = self.diffusion.q_sample(x, t, noise=draws["noise"])
         timestep_map = getattr(self.diffusion, "timestep_map", None)
-        if timestep_map is not None:
+        if timestep_map is not None and len(timestep_map) != self.diffusion.original_num_steps:
             t = torch.as_tensor(timestep_map, device=t.device, dtype=t.dtype)[t]
         return x_t, t
 
     def loss(self, output, x, draws):
-        """`training_losses` with the network's output already computed, times the sampler's weights."""
-        losses = self.diffusion.training_losses(lambda *a, **k: output, x, draws["t"], noise=draws["noise"])
-        return losses["loss"] * draws["weight"]
+        """`training_losses(...)["loss"] * weight` with the network's output already computed."""
+        terms = self.diffusion.training_losses(lambda *a, **k: output, x, draws["t"], noise=draws["noise"])
+        return terms["loss"] * draws["weight"]
 
     def observe(self, draws, losses):
-        """Feed the loss-second-moment sampler (a no-op for uniform)."""
+        """Feed the unweighted per-sample losses to a loss-aware schedule sampler."""
         update = getattr(self.schedule_sampler, "update_with_local_losses", None)
         if update is not None:
-            update(draws["t"], losses.detach())
+            update(draws["t"], (losses / draws["weight"]).detach())
 
     def state_dict(self):
-        """The loss-second-moment sampler's history, if any."""
-        sd = getattr(self.schedule_sampler, "state_dict", None)
-        return {"schedule_sampler": sd()} if sd is not None else {}
+        """The schedule sampler's state (loss history), if it has one."""
+        fn = getattr(self.schedule_sampler, "state_dict", None)
+        return {"schedule_sampler": fn()} if fn is not None else {}
 
     def load_state_dict(self, state):
-        """Restore `state_dict()`."""
-        if "schedule_sampler" in state and hasattr(self.schedule_sampler, "load_state_dict"):
-            self.schedule_sampler.load_state_dict(state["schedule_sampler"])
+        """Restore the schedule sampler's state."""
+        fn = getattr(self.schedule_sampler, "load_state_dict", None)
+        if fn is not None and "schedule_sampler" in state:
+            fn(state["schedule_sampler"])
 
     def respaced(self, sampler, steps):
-        """The diffusion respaced for `steps` steps of "ddpm" (even spacing) or "ddim" (DDIM stride)."""
-        total = self.cfg.diffusion.num_timesteps
+        """The diffusion respaced for `steps` steps: "ddim{steps}" for ddim, "{steps}" for ddpm."""
+        if self._kwargs is None:
+            raise ConfigError("this DiffusionObjective was built without a config, so it cannot respace; "
+                              "use DiffusionObjective.from_config(cfg)")
+        total = self._kwargs["diffusion_steps"]
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= total:
             raise ConfigError(f"--steps {steps!r} must be an integer from 1 to {total}")
         try:
-            return diffusion_from_config(self.cfg, timestep_respacing=f"ddim{steps}" if sampler == "ddim" else str(steps))
+            return create_diffusion(timestep_respacing=f"ddim{steps}" if sampler == "ddim" else str(steps),
+                                    **self._kwargs)
         except ValueError as err:
             raise ConfigError(f"--steps {steps} does not work with {sampler} ({err}); try 25, 50, 100 or 250") from None
 
-    def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, clip_denoised=None,
-               **options):
-        """DDPM or DDIM from noise `z`; the loops draw their per-step noise from the global RNG.
+    def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
+        """The final sample of the DDPM or DDIM loop from noise z.
 
-        `clip_denoised` defaults to clipping x_0 for pixel models (1 or 3 channels) only, as the
-        release does not clip latents.
+        Options: clip_denoised (default: only for 1- or 3-channel pixel models, as sample.py),
+        eta (DDIM), generator (seeds the loop's per-step noise; the global RNG is left as it was).
         """
-        if options:
-            raise ConfigError(f"diffusion sampling takes no options {', '.join(sorted(options))}")
         sampler = self.check_sampler(sampler)
-        if clip_denoised is None:
-            clip_denoised = z.shape[1] in (1, 3)
-        diffusion = self.respaced(sampler, 250 if steps is None else steps)
+        unknown = sorted(k for k in options if k not in _OPTIONS[sampler])
+        if unknown:
+            raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
+                              f"it takes {', '.join(_OPTIONS[sampler])}")
+        diffusion = self.respaced(sampler, _DEFAULT_STEPS[sampler] if steps is None else steps)
+        clip = options.get("clip_denoised", z.shape[1] in (1, 3))
+        extra = {"eta": options["eta"]} if "eta" in options else {}
         loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop
-        return loop(model_fn, tuple(z.shape), noise=z, clip_denoised=clip_denoised, model_kwargs=model_kwargs or {},
-                    device=z.device, progress=progress)
+        with torch.no_grad(), _seeded_global_rng(options.get("generator"), z.device):
+            return loop(model_fn, tuple(z.shape), noise=z, clip_denoised=clip, model_kwargs=dict(model_kwargs or {}),
+                        device=z.device, progress=progress, **extra)

@@ -10,15 +10,20 @@ from dit_trainer.models.spec import ModelSpec, get_spec, list_specs, register_sp
 
 FAMILIES = (
     "dit_trainer.models.dit",
+    "dit_trainer.models.sit",
 )
 for _family in FAMILIES:
     importlib.import_module(_family)
 
 from dit_trainer.models.dit import DiT, DiT_models, DiTBlock, FinalLayer, LabelEmbedder, TimestepEmbedder, modulate  # noqa: E402
 
+from dit_trainer.models.sit import SiT, SiT_models  # noqa: E402
+
 __all__ = [
     "DiT",
     "DiT_models",
+    "SiT",
+    "SiT_models",
     "DiTBlock",
     "FinalLayer",
     "LabelEmbedder",

@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Numerical parity of dit_trainer's SiT model and transport with the willisma/SiT release.
+
+Usage: python scripts/check_parity_sit.py --reference /path/to/SiT-checkout [--timm-shim DIR]
+
+The checkout must hold the release's `models.py` and `transport/` package (which needs
+torchdiffeq); both are imported from there, never copied. The release's `models.py` imports
+`timm.models.vision_transformer`; without --timm-shim (a folder holding a stand-in `timm` package
+put first on sys.path) this script registers its own stand-in in sys.modules: PatchEmbed, Attention
+and Mlp with timm's attribute names, the attention written out as softmax(q·kᵀ/√d)·v, so that our
+layers (which call scaled_dot_product_attention) are not compared with themselves.
+
+Rows (relative max difference max|ours − ref| / max|ref|, float32, CPU, one thread):
+  model  < 1e-4  SiT-S/2 (input 32, learned σ and not): weights copied ours → release → ours with
+                 strict=True; forward and forward_with_cfg (release's three channels) at scale 4
+  loss   < 1e-5  training loss of every path × prediction × weighting: the release draws x0 then t
+                 from the global RNG; ours gets the same x0 and t as arguments
+  ode    < 1e-4  Euler and midpoint ODE samples (every state) for Linear, GVP, VP × velocity,
+                 score, noise with a small random SiT and shared initial noise; plus a guided run
+                 through forward_with_cfg and a reverse (data → noise) run
+  sde    < 1e-4  Euler and Heun SDE samples (last step Mean), global RNG seeded alike
+
+Exit status: 0 when every row passes, 1 when any fails, 2 when the reference cannot be imported.
+"""
+
+import argparse
+import importlib
+import math
+import os
+import sys
+import time
+import types
+
+import torch
+import torch.nn as nn
+
+BOUNDS = {"model": 1e-4, "loss": 1e-5, "ode": 1e-4, "sde": 1e-4}
+
+
+def rel_diff(ours, ref):
+    """max|ours - ref| / max|ref| (NaN when the reference is all zero, which fails)."""
+    ours, ref = torch.as_tensor(ours).double(), torch.as_tensor(ref).double()
+    if ours.shape != ref.shape:
+        raise ValueError(f"shape {tuple(ours.shape)} vs reference {tuple(ref.shape)}")
+    scale = ref.abs().max().item()
+    return (ours - ref).abs().max().item() / scale if scale > 0 else float("nan")
+
+
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, group, name, value):
+        ok = value is not None and math.isfinite(value) and value < BOUNDS[group]
+        self.rows.append((group, name, value, ok))
+
+    def render(self):
+        width = max(len(r[1]) for r in self.rows)
+        lines = [f"| {'group':<5} | {'check':<{width}} | rel max diff |  bound | result |",
+                 f"|{'-' * 7}|{'-' * (width + 2)}|--------------|--------|--------|"]
+        for group, name, value, ok in self.rows:
+            shown = "n/a" if value is None else f"{value:.2e}"
+            lines.append(f"| {group:<5} | {name:<{width}} | {shown:>12} | {BOUNDS[group]:>6.0e} | "
+                         f"{'pass' if ok else 'FAIL':<6} |")
+        return "\n".join(lines)
+
+
+def install_timm_stand_in():
+    """A minimal `timm.models.vision_transformer` with timm's names and explicit-softmax attention."""
+
+    class PatchEmbed(nn.Module):
+        def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True):
+            super().__init__()
+            self.img_size, self.patch_size = (img_size, img_size), (patch_size, patch_size)
+            self.num_patches = (img_size // patch_size) ** 2
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
+
+        def forward(self, x):
+            return self.proj(x).flatten(2).transpose(1, 2)
+
+    class Attention(nn.Module):
+        def __init__(self, dim, num_heads=8, qkv_bias=False, **_):
+            super().__init__()
+            self.num_heads, self.head_dim = num_heads, dim // num_heads
+            self.scale = self.head_dim**-0.5
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+            self.proj = nn.Linear(dim, dim)
+
+        def forward(self, x):
+            b, n, c = x.shape
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+    class Mlp(nn.Module):
+        def __init__(self, in_features, hidden_features=None, act_layer=nn.GELU, drop=0.0, **_):
+            super().__init__()
+            self.fc1 = nn.Linear(in_features, hidden_features)
+            self.act = act_layer()
+            self.fc2 = nn.Linear(hidden_features, in_features)
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(x)))
+
+    vit = types.ModuleType("timm.models.vision_transformer")
+    vit.PatchEmbed, vit.Attention, vit.Mlp = PatchEmbed, Attention, Mlp
+    timm, timm_models = types.ModuleType("timm"), types.ModuleType("timm.models")
+    timm.models, timm_models.vision_transformer = timm_models, vit
+    sys.modules.update({"timm": timm, "timm.models": timm_models, "timm.models.vision_transformer": vit})
+
+
+def import_reference(reference, timm_shim):
+    for path in ("models.py", os.path.join("transport", "__init__.py")):
+        if not os.path.isfile(os.path.join(reference, path)):
+            raise FileNotFoundError(f"{os.path.join(reference, path)} does not exist")
+    for name in ("models", "transport"):
+        if name in sys.modules:
+            raise RuntimeError(f"a module named {name!r} is already imported; cannot import the reference's")
+    if timm_shim:
+        sys.path.insert(0, os.path.abspath(timm_shim))
+    else:
+        install_timm_stand_in()
+    sys.path.insert(0, os.path.abspath(reference))
+    ref_models, ref_transport = importlib.import_module("models"), importlib.import_module("transport")
+    for mod in (ref_models, ref_transport):
+        if not os.path.abspath(mod.__file__).startswith(os.path.abspath(reference) + os.sep):
+            raise RuntimeError(f"{mod.__name__} was imported from {mod.__file__}, not from {reference}")
+    return ref_models, ref_transport
+
+
+@torch.no_grad()
+def randomise_(model, seed, scale=1.0):
+    """Random weights (adaLN-Zero's zeros would make every output 0); pos_embed stays sin-cos."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name == "pos_embed":
+            continue
+        if p.dim() >= 2:
+            p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+        else:
+            p.copy_(0.1 * scale * torch.randn(p.shape, generator=g))
+
+
+def pair(ours_ctor, ref_ctor, seed, scale=1.0, **kw):
+    """Our model and the release's with the same weights, copied both ways with strict=True."""
+    ours, ref = ours_ctor(**kw), ref_ctor(**kw)
+    randomise_(ours, seed, scale)
+    ref.load_state_dict(ours.state_dict(), strict=True)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    return ours.eval(), ref.eval()
+
+
+def check_models(table, ref_models):
+    from dit_trainer.models import SiT_models
+
+    for learn_sigma in (True, False):
+        tag = f"SiT-S/2 in32 {'learnedσ' if learn_sigma else 'fixedσ'}"
+        ours, ref = pair(SiT_models["SiT-S/2"], ref_models.SiT_models["SiT-S/2"], 0,
+                         input_size=32, learn_sigma=learn_sigma)
+        g = torch.Generator().manual_seed(1)
+        x, t = torch.randn(4, 4, 32, 32, generator=g), torch.rand(4, generator=g)
+        y = torch.tensor([3, 999, 1000, 7])
+        with torch.no_grad():
+            table.add("model", f"{tag}: forward", rel_diff(ours(x, t, y), ref(x, t, y)))
+            x2, t2, y2 = torch.cat([x[:2], x[:2]]), torch.cat([t[:2], t[:2]]), torch.tensor([3, 7, 1000, 1000])
+            table.add("model", f"{tag}: forward_with_cfg (3 channels)",
+                      rel_diff(ours.forward_with_cfg(x2, t2, y2, 4.0), ref.forward_with_cfg(x2, t2, y2, 4.0)))
+
+
+COMBOS = [(p, q) for p in ("Linear", "GVP", "VP") for q in ("velocity", "score", "noise")]
+
+
+def check_losses(table, ref_transport):
+    from dit_trainer.transport import create_transport
+
+    def model(x, t):
+        return torch.tanh(x) * 0.7 + t.view(-1, 1, 1, 1)
+
+    x1 = torch.randn(16, 4, 8, 8, generator=torch.Generator().manual_seed(2))
+    for path_type, prediction in COMBOS:
+        for weight in ((None,) if prediction == "velocity" else (None, "velocity", "likelihood")):
+            ref = ref_transport.create_transport(path_type, prediction, weight, None, None)
+            ours = create_transport(path_type, prediction, weight)
+            torch.manual_seed(3)
+            ref_loss = ref.training_losses(model, x1)["loss"]
+            torch.manual_seed(3)  # the release draws x0 = randn_like(x1), then t = rand(B) on its interval
+            x0 = torch.randn_like(x1)
+            t0, t1 = ours.train_interval()
+            t = torch.rand((x1.shape[0],)) * (t1 - t0) + t0
+            table.add("loss", f"{path_type} {prediction} weight={weight}",
+                      rel_diff(ours.training_losses(model, x1, t, x0)["loss"], ref_loss))
+
+
+def check_samplers(table, ref_models, ref_transport):
+    from dit_trainer.models import SiT_models
+    from dit_trainer.transport import Sampler, create_transport
+
+    kw = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=64, depth=2, num_heads=4, num_classes=10)
+    ours_model, ref_model = pair(lambda **k: SiT_models["SiT-S/2"](**k), lambda **k: ref_models.SiT(**k), 4,
+                                 scale=0.5, **kw)
+    g = torch.Generator().manual_seed(5)
+    z, y = torch.randn(4, 4, 8, 8, generator=g), torch.tensor([1, 2, 3, 4])
+    with torch.no_grad():
+        for path_type, prediction in COMBOS:
+            ours_s = Sampler(create_transport(path_type, prediction))
+            ref_s = ref_transport.Sampler(ref_transport.create_transport(path_type, prediction, None, None, None))
+            for method in ("euler", "midpoint"):
+                a = ours_s.sample_ode(sampling_method=method, num_steps=20)(z, ours_model, y=y)
+                b = ref_s.sample_ode(sampling_method=method, num_steps=20)(z, ref_model, y=y)
+                table.add("ode", f"{path_type} {prediction} {method}, 20 steps, every state", rel_diff(a, b))
+        ours_s = Sampler(create_transport("Linear", "velocity"))
+        ref_s = ref_transport.Sampler(ref_transport.create_transport("Linear", "velocity", None, None, None))
+        zz, yy = torch.cat([z[:2], z[:2]]), torch.tensor([1, 2, 10, 10])
+        a = ours_s.sample_ode(sampling_method="euler", num_steps=20)(zz, ours_model.forward_with_cfg, y=yy, cfg_scale=4.0)
+        b = ref_s.sample_ode(sampling_method="euler", num_steps=20)(zz, ref_model.forward_with_cfg, y=yy, cfg_scale=4.0)
+        table.add("ode", "Linear velocity euler cfg=4 (forward_with_cfg)", rel_diff(a, b))
+        a = ours_s.sample_ode(sampling_method="midpoint", num_steps=20, reverse=True)(z, ours_model, y=y)
+        b = ref_s.sample_ode(sampling_method="midpoint", num_steps=20, reverse=True)(z, ref_model, y=y)
+        table.add("ode", "Linear velocity midpoint reverse", rel_diff(a, b))
+        for path_type, prediction in (("Linear", "velocity"), ("GVP", "score"), ("VP", "noise")):
+            for method in ("Euler", "Heun"):
+                ours_s = Sampler(create_transport(path_type, prediction))
+                ref_s = ref_transport.Sampler(ref_transport.create_transport(path_type, prediction, None, None, None))
+                opts = dict(sampling_method=method, diffusion_form="sigma", last_step="Mean", num_steps=20)
+                torch.manual_seed(6)
+                a = torch.stack(ours_s.sample_sde(**opts)(z, ours_model, y=y))
+                torch.manual_seed(6)
+                b = torch.stack(ref_s.sample_sde(**opts)(z, ref_model, y=y))
+                table.add("sde", f"{path_type} {prediction} {method} sigma Mean, 20 steps", rel_diff(a, b))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", required=True, help="checkout of willisma/SiT (models.py, transport/)")
+    parser.add_argument("--timm-shim", default=None, help="folder holding a stand-in timm package")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    torch.set_num_threads(1)
+    try:
+        ref_models, ref_transport = import_reference(args.reference, args.timm_shim)
+    except Exception as err:  # noqa: BLE001 - any import failure means no comparison
+        print(f"cannot import the reference from {args.reference}: {err}", file=sys.stderr)
+        return 2
+    timm_from = args.timm_shim or "in-script stand-in (explicit-softmax attention)"
+    print(f"torch {torch.__version__}, float32, 1 thread; reference {args.reference}; timm: {timm_from}")
+    start, table = time.time(), Table()
+    check_models(table, ref_models)
+    check_losses(table, ref_transport)
+    check_samplers(table, ref_models, ref_transport)
+    print(table.render())
+    failed = [r for r in table.rows if not r[3]]
+    print(f"{len(table.rows) - len(failed)}/{len(table.rows)} rows pass in {time.time() - start:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The `transport:` section of a run's config (a plain dataclass; importing it needs no torch)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class TransportConfig:
+    """Interpolant, prediction, training-time distribution and sampling defaults of a SiT run.
+
+    Epsilons left None take the SiT release's defaults for the path and prediction (see
+    `create_transport`). Sampling fields are what `dit sample` and the training-time grids use
+    unless a flag overrides them; their defaults are the release's `sample.py` ones.
+    """
+
+    path_type: str = "Linear"  # Linear | GVP | VP
+    prediction: str = "velocity"  # velocity | score | noise
+    loss_weight: Optional[str] = None  # None | velocity | likelihood (score and noise models only)
+    train_eps: Optional[float] = None
+    sample_eps: Optional[float] = None
+    t_sampler: str = "uniform"  # uniform | logit-normal
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    # Sampling defaults.
+    sampler: str = "ode"  # ode | sde
+    ode_method: str = "dopri5"  # any torchdiffeq method: euler, midpoint, rk4, dopri5, heun3, ...
+    ode_steps: int = 50
+    atol: float = 1e-6
+    rtol: float = 1e-3
+    sde_method: str = "Euler"  # Euler | Heun
+    sde_steps: int = 250
+    sde_diffusion_form: str = "sigma"  # sigma | constant | SBDM | linear | decreasing | increasing-decreasing
+    sde_diffusion_norm: float = 1.0
+    sde_last_step: Optional[str] = "Mean"  # Mean | Tweedie | Euler | None
+    sde_last_step_size: float = 0.04
+    guidance_interval: Optional[list] = None  # [lo, hi] in t (0 noise, 1 data); None guides every step
