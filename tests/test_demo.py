@@ -31,3 +31,13 @@ def test_demo_short_run(tmp_path, capsys):
     assert np.abs(data["images"]).max() <= 1.0
     out = capsys.readouterr().out
     assert "trained 20 steps" in out and "samples.png" in out
+
+
+def test_demo_short_run_as_transport(tmp_path, capsys):
+    torch.set_num_threads(1)
+    assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--per-class", "1", "--no-progress",
+                 "--objective", "transport"]) == 0
+    cfg = load_config(tmp_path / "config.yaml")
+    assert cfg.objective == "transport" and cfg.transport.ode_method == "midpoint"
+    data = np.load(tmp_path / "samples.npz")
+    assert data["images"].shape == (10, 1, 16, 16) and np.isfinite(data["images"]).all()

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import yaml
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.transport.config import TransportConfig
 from dit_trainer.typed import closest_key_error, coerce
 
 
@@ -130,6 +131,7 @@ class Config:
     objective: str = "diffusion"  # diffusion | transport: what the model learns and how it samples
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

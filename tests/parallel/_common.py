@@ -25,11 +25,14 @@ class TinyLatents(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def tiny_config(out, parallel=None, **sections):
+def tiny_config(out, parallel=None, objective="diffusion", **sections):
     """Depth 4, hidden 64, 4 heads, 8x8x4 latents, 10 classes; global batch 8; checkpoints at 5 and 10."""
     d = {
         "output_dir": str(out),
-        "model": {"name": "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10,
+        "objective": objective,
+        # SiT runs: the logit-normal t of SD3, so a layout that drew t differently would show.
+        "transport": {"t_sampler": "logit-normal"},
+        "model": {"name": "SiT-S/2" if objective == "transport" else "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10,
                   "depth": 4, "hidden_size": 64, "num_heads": 4},
         "data": {"num_workers": 0},
         # A clip norm that never clips makes every step log its gradient norm: AdamW is blind to a
@@ -69,6 +72,16 @@ LAYOUTS_4 = {
     "tp_replicate": {"tp": 2, "dp_replicate": 2, "dp_shard": 1},
     "pp_replicate": {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "pp_microbatches": 2},
 }
+# SiT (the transport objective) under the sharded layouts, against its own 1-process run.
+LAYOUTS_SIT = {"sit_fsdp": LAYOUTS_2["fsdp"], "sit_tp": LAYOUTS_2["tp"], "sit_pp": LAYOUTS_2["pp_1f1b"]}
+LAYOUTS_2.update(LAYOUTS_SIT)
+
+
+def objective_of(layout: str) -> str:
+    """The objective a layout's run trains."""
+    return "transport" if layout.startswith("sit") else "diffusion"
+
+
 # Activation checkpointing rides along on two layouts (it must not change a single bit).
 LAYOUT_TRAIN = {"hsdp": {"activation_checkpointing": "full"}, "fsdp_tp": {"activation_checkpointing": "selective"}}
 

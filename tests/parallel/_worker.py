@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, tiny_config  # noqa: E402
+from _common import LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, objective_of, tiny_config  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
 
@@ -26,7 +26,8 @@ def main():
     layouts = {**LAYOUTS_2, **LAYOUTS_4}
     out = Path(args.out)
     for name in filter(None, args.layouts.split(",")):
-        DiTTrainer(tiny_config(out / name, layouts[name], train=LAYOUT_TRAIN.get(name, {})), dataset=TinyLatents()).train()
+        cfg = tiny_config(out / name, layouts[name], objective=objective_of(name), train=LAYOUT_TRAIN.get(name, {}))
+        DiTTrainer(cfg, dataset=TinyLatents()).train()
     for item in filter(None, args.resume.split(",")):
         name, src = item.split("=")
         run = out / f"resume_{name}_{Path(src).parent.parent.name}"

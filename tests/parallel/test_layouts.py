@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, launch, read_losses, tiny_config
+from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, launch, objective_of, read_losses, tiny_config
 
 pytestmark = pytest.mark.distributed
 
@@ -33,6 +33,7 @@ def runs(tmp_path_factory):
         _single_process(out / "reference")
         # One process with DCP checkpoints: the parallel trainer without a mesh.
         _single_process(out / "single_sharded", checkpoint={"sharded": True})
+        _single_process(out / "sit_reference", objective="transport")
     finally:
         torch.use_deterministic_algorithms(was)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
@@ -54,12 +55,13 @@ def _assert_losses_match(got: dict, ref: dict, steps):
 
 @pytest.mark.parametrize("layout", ["single_sharded", *LAYOUTS_2, *LAYOUTS_4])
 def test_layout_matches_single_process(runs, layout):
-    ref = read_losses(runs / "reference")
+    reference = runs / ("sit_reference" if objective_of(layout) == "transport" else "reference")
+    ref = read_losses(reference)
     _assert_losses_match(read_losses(runs / layout), ref, range(1, STEPS + 1))
     # Gradients are averaged, not summed, over data-parallel ranks (and the norm spans TP shards and PP stages).
-    ref_norm = read_losses(runs / "reference", "grad_norm")
+    ref_norm = read_losses(reference, "grad_norm")
     _assert_losses_match(read_losses(runs / layout, "grad_norm"), ref_norm, range(1, STEPS + 1))
-    ref_model, ref_ema = final_weights(runs / "reference")
+    ref_model, ref_ema = final_weights(reference)
     model, ema = final_weights(runs / layout)
     assert sorted(model) == sorted(ref_model) and sorted(ema) == sorted(ref_ema)
     for k in ref_model:  # qkv included: checkpoints hold the released [q | k | v] layout

@@ -2,6 +2,7 @@
 
 from dit_trainer.class_names import dataset_class_names, resolve_labels
 from dit_trainer.devices import resolve_device
+from dit_trainer.errors import ConfigError
 from dit_trainer.sample.decode import DEFAULT_VAE, _no_vae_error, load_decoder, to_images
 from dit_trainer.sample.images import save_grid
 from dit_trainer.sample.loading import load_model
@@ -23,7 +24,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--cfg-channels", type=int, default=None, help="guide only the first N channels (the release's FIDs used 3)")
     p.add_argument("--sampler", choices=("ddpm", "ddim", "ode", "sde"), default=None,
                    help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode)")
-    p.add_argument("--steps", type=int, default=250, help="sampling steps (default 250)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="PNG grid to write (default samples.png unless --npz is given)")
     p.add_argument("--per-class", type=int, default=1, help="samples per label in the grid, one row per label")
@@ -39,7 +41,38 @@ def add_commands(subparsers) -> None:
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    t = p.add_argument_group("transport sampling (SiT; defaults from the run's transport: section)")
+    t.add_argument("--ode-method", default=None, help="torchdiffeq method: euler, midpoint, rk4, dopri5, heun3, ...")
+    t.add_argument("--atol", type=float, default=None, help="ODE absolute tolerance (adaptive methods)")
+    t.add_argument("--rtol", type=float, default=None, help="ODE relative tolerance (adaptive methods)")
+    t.add_argument("--sde-method", choices=("Euler", "Heun"), default=None)
+    t.add_argument("--sde-diffusion-form", default=None,
+                   choices=("sigma", "constant", "SBDM", "linear", "decreasing", "increasing-decreasing"))
+    t.add_argument("--sde-diffusion-norm", type=float, default=None)
+    t.add_argument("--sde-last-step", default=None, choices=("Mean", "Tweedie", "Euler", "None"))
+    t.add_argument("--sde-last-step-size", type=float, default=None)
+    t.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
     p.set_defaults(func=run)
+
+
+_ODE_FLAGS = ("ode_method", "atol", "rtol")
+_SDE_FLAGS = ("sde_method", "sde_diffusion_form", "sde_diffusion_norm", "sde_last_step", "sde_last_step_size")
+
+
+def sampler_options(args, sampler) -> dict:
+    """The sampler-specific flags the user gave, as `objective.sample` options; others are refused."""
+    own = {"ode": _ODE_FLAGS, "sde": _SDE_FLAGS}.get(sampler, ())
+    given = {k: getattr(args, k) for k in _ODE_FLAGS + _SDE_FLAGS if getattr(args, k, None) is not None}
+    foreign = sorted(k for k in given if k not in own)
+    if foreign:
+        flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+        raise ConfigError(f"{flags} do(es) not apply to --sampler {sampler}")
+    if given.get("sde_last_step") == "None":
+        given["sde_last_step"] = None
+    if getattr(args, "guidance_interval", None) is not None:
+        given["guidance_interval"] = tuple(args.guidance_interval)
+    return given
 
 
 def run(args) -> int:
@@ -61,7 +94,7 @@ def run(args) -> int:
     if decoder[0] is None and model.in_channels not in (1, 3):
         raise _no_vae_error(model.in_channels)
     common = dict(cfg_scale=args.cfg_scale, sampler=sampler, steps=args.steps, device=device,
-                  cfg_channels=args.cfg_channels)
+                  cfg_channels=args.cfg_channels, **sampler_options(args, sampler))
     if args.npz:
         path = sample_npz(model, objective, args.npz, args.num_samples, args.batch_size, labels=labels, decoder=decoder,
                           seed=args.seed, progress=not args.no_progress, **common)
