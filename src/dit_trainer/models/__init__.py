@@ -21,6 +21,8 @@ def _register_dit():
 
 _register_dit()
 
+import dit_trainer.models.large_dit  # noqa: E402,F401  registers the Large-DiT specs
+
 __all__ = [
     "DiT",
     "DiT_models",
