@@ -19,7 +19,9 @@ name and shape must match), and both run the same inputs in float32:
   forward(null)      labels forced to the null class (force_drop_ids on ours, label 1000 on theirs)
   forward_with_cfg   the release's guidance (ours with cfg_channels=3, the release's choice)
 
-Each row is max|ours - ref| / max|ref|, and must be < 1e-5. After the table, the initial
+Each row is max|ours - ref| / max|ref|, and must be < 1e-5. The three released sizes are then
+built on the `meta` device by both and their parameter counts (the release's own
+`parameter_count()`) must be equal. Last, the initial
 parameter statistics of the two (same shapes, independent seeds) are compared: a tensor whose
 mean or std differs by more than a loose bound is listed, which would mean our `init_weights`
 drifted from the release's.
@@ -189,6 +191,21 @@ def init_notes(release):
     return notes
 
 
+def size_rows(release):
+    """(name, release's parameter_count(), ours) for each released size, built on `meta`."""
+    from dit_trainer.models.large_dit import DiT_Llama_models
+
+    rows = []
+    for size in ("600M", "3B", "7B"):
+        for qk_norm in (False, True):
+            with torch.device("meta"):
+                ref = release.DiT_models[f"DiT_Llama_{size}_patch2"](input_size=32, qk_norm=qk_norm)
+                ours = DiT_Llama_models[f"LargeDiT-{size}/2"](input_size=32, qk_norm=qk_norm)
+            name = f"DiT_Llama_{size}_patch2" + (" qk_norm" if qk_norm else "")
+            rows.append((name, ref.parameter_count(), sum(p.numel() for p in ours.parameters())))
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", required=True, help="LLaMA2-Accessory checkout (or its Large-DiT-ImageNet folder)")
@@ -212,11 +229,15 @@ def main(argv=None):
         ok = value < BOUND
         ok_all &= ok
         print(f"{case:42s} {check:18s} {value:10.2e}  {BOUND:.0e}  {'PASS' if ok else 'FAIL'}")
+    print(f"{'release size (256x256, 1000 classes)':42s} {'release count':>15s} {'ours':>15s}  ok")
+    for name, theirs, mine in size_rows(release):
+        ok_all &= theirs == mine
+        print(f"{name:42s} {theirs:15,d} {mine:15,d}  {'PASS' if theirs == mine else 'FAIL'}")
     notes = init_notes(release)
     print("initialisation: " + ("every tensor's mean/std matches the release" if not notes else "differs:"))
     for note in notes:
         print("  " + note)
-    print(f"{len(rows)} rows, {'all pass' if ok_all else 'FAILURES'}, {time.time() - start:.1f} s")
+    print(f"{len(rows)} output rows and 6 size rows, {'all pass' if ok_all else 'FAILURES'}, {time.time() - start:.1f} s")
     return 0 if ok_all else 1
 
 
