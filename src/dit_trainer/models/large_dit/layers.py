@@ -9,7 +9,7 @@ is torch's, attention is SDPA (which picks flash kernels on GPU itself).
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from dit_trainer.models.dit import modulate
 
@@ -37,19 +37,28 @@ def apply_rope(x, cos, sin):
 class QKNorm(nn.LayerNorm):
     """The release's q/k LayerNorm: over all heads of a token at once, not per head.
 
-    Its statistics are written as plain means so that, under tensor parallelism, a q or k
-    sharded by heads (a DTensor on the last dim) reduces them across shards (cheap partial
-    sums) instead of gathering the whole activation; on a plain tensor it is F.layer_norm.
+    On a q or k that tensor parallelism shards by heads (a DTensor split on the last dim, with
+    the weight and bias split alike) the statistics are reduced across shards: two all-reduces
+    of one number per token instead of gathering the activation. On a plain tensor it is
+    F.layer_norm.
     """
 
     def forward(self, x):
         if not isinstance(x, DTensor):
             return super().forward(x)
-        xf = x.float()
-        mean = xf.mean(-1, keepdim=True)
-        var = (xf - mean).pow(2).mean(-1, keepdim=True)
-        y = ((xf - mean) * torch.rsqrt(var + self.eps)).type_as(x)
+        xf, n = x.float(), x.shape[-1]
+        # sum / n, not mean: a Partial(avg) cannot take the Partial(sum) gradient back.
+        mean = _replicate_partial(xf.sum(-1, keepdim=True) / n)
+        centred = xf - mean
+        var = _replicate_partial(centred.pow(2).sum(-1, keepdim=True) / n)
+        y = (centred * torch.rsqrt(var + self.eps)).type_as(x)
         return y * self.weight + self.bias
+
+
+def _replicate_partial(t):
+    # Left Partial, DTensor would turn the sharded operand of the next op Partial too, which
+    # gathers the whole activation; all-reducing the per-token statistic keeps it sharded.
+    return t.redistribute(placements=[Replicate() if p.is_partial() else p for p in t.placements])
 
 
 class Attention(nn.Module):
