@@ -103,9 +103,28 @@ def test_forward_is_head_of_layers_of_embed():
         tokens = layer(tokens, c)
     torch.testing.assert_close(model.head(tokens, c), model(x, t, y, force_drop_ids=drop), rtol=0, atol=0)
     assert model.blocks is model.layers
+
     # force_drop_ids replaces labels by the null class, exactly as passing that class.
     null = torch.where(drop == 1, 10, y)
     torch.testing.assert_close(model(x, t, y, force_drop_ids=drop), model(x, t, null, force_drop_ids=torch.zeros(4)))
+
+
+def test_a_stage_keeps_a_slice_of_blocks():
+    """A pipeline stage replaces `blocks` by a ModuleDict of its layers, keyed by global index."""
+    model = shake(tiny(n_layers=3)).eval()
+    x, t, y = inputs()
+    full = model(x, t, y)
+    first = model.layers[0]
+    model.blocks = torch.nn.ModuleDict({str(i): layer for i, layer in enumerate(model.layers)})
+    assert model.layers is model.blocks and "blocks" not in dict(model.named_children())
+    torch.testing.assert_close(model(x, t, y), full, rtol=0, atol=0)
+    model.blocks = torch.nn.ModuleDict({"1": model.layers["1"], "2": model.layers["2"]})
+    assert sorted({k.split(".")[1] for k in model.state_dict() if k.startswith("layers.")}) == ["1", "2"]
+    tokens, c = model.embed(x, t, y)
+    tokens = first(tokens, c)
+    for layer in model.blocks.values():
+        tokens = layer(tokens, c)
+    torch.testing.assert_close(model.head(tokens, c), full, rtol=0, atol=0)
 
 
 def test_release_names_and_no_position_table():

@@ -72,6 +72,14 @@ class DiT_Llama(nn.Module):
         """The repeated units under the name the pipeline contract uses (same modules as `layers`)."""
         return self.layers
 
+    def __setattr__(self, name, value):
+        # nn.Module would register `blocks = ...` as a second child behind the property's back;
+        # a pipeline stage that keeps a slice of the blocks must replace `layers` instead.
+        super().__setattr__("layers" if name == "blocks" else name, value)
+
+    def __delattr__(self, name):
+        super().__delattr__("layers" if name == "blocks" else name)
+
     def init_weights(self):
         """The release's initialisation: Xavier linears, N(0, 0.02) embedders, zeros wherever
         adaLN-Zero needs them; also recomputes the rotary tables (call after `to_empty`)."""
