@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 from dit_trainer.config import config_yaml, load_config
 from dit_trainer.diffusion import create_diffusion
 from dit_trainer.models import get_spec
-from dit_trainer.train.checkpoint import save_checkpoint
-from dit_trainer.train.data import build_dataset
+from dit_trainer.checkpoint import save_checkpoint
+from dit_trainer.data.loader import build_dataset
 from dit_trainer.train.ema import create_ema, update_ema
 
 

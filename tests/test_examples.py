@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.train.checkpoint import latest_checkpoint, load_weights
+from dit_trainer.checkpoint import latest_checkpoint, load_weights
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_minimal.py"
 

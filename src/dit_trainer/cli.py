@@ -8,7 +8,6 @@ Modules are imported only when `dit` runs, so a missing optional dependency of o
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from dit_trainer.errors import DitError
@@ -18,8 +17,6 @@ COMMAND_MODULES = (
     "dit_trainer.sample",  # dit sample
     "dit_trainer.demo",  # dit demo
     "dit_trainer.data.cli",  # dit extract, dit data convert|verify
-    "dit_trainer.evaluate",  # dit evaluate
-    "dit_trainer.convert",  # dit convert
 )
 
 
@@ -28,11 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dit", description="Train and sample Diffusion Transformers.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
-        module = importlib.import_module(name)
-        if hasattr(module, "add_commands"):
-            module.add_commands(sub)
+        importlib.import_module(name).add_commands(sub)
     return parser
 
 

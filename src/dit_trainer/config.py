@@ -5,32 +5,43 @@ Field names follow what PaddleMIX/DiT users already type (`model.name`, `data.pa
 """
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import yaml
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.typed import closest_key_error, coerce
 
 
 @dataclass
 class ModelConfig:
+    """What every model family shares. The family's own fields (`depth`, `hidden_size`, `dim`, ...)
+    live in `options`, are written at this section's level in YAML, and are checked against the
+    family's config dataclass (`ModelSpec.config_cls`) once the model name is known."""
+
     name: str = "DiT-S/2"
     input_size: int = 32  # latent (or pixel) side
     in_channels: int = 4
     num_classes: int = 1000
     learn_sigma: bool = True
     class_dropout_prob: float = 0.1
-    # Optional size overrides of the named family member (None keeps the paper's size).
-    depth: Optional[int] = None
-    hidden_size: Optional[int] = None
-    num_heads: Optional[int] = None
-    mlp_ratio: Optional[float] = None
     weights_path: Optional[str] = None  # our checkpoint dir, an original DiT .pt, or .safetensors
+    options: dict = field(default_factory=dict)
+
+    # `cfg.model.depth` reads and writes the family option, as if it were a field.
+    def __getattr__(self, name):
+        options = self.__dict__.get("options")
+        if options is not None and not name.startswith("_") and name in options:
+            return options[name]
+        raise AttributeError(f"model config has no field {name!r}")
+
+    def __setattr__(self, name, value):
+        if name in _MODEL_FIELDS or name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            self.options[name] = value
 
 
 @dataclass
@@ -116,6 +127,7 @@ class ParallelConfig:
 @dataclass
 class Config:
     output_dir: str = "outputs/run"
+    objective: str = "diffusion"  # diffusion | transport: what the model learns and how it samples
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -126,8 +138,14 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict:
-        """A plain nested dict (what `config.yaml` holds)."""
-        return dataclasses.asdict(self)
+        """A plain nested dict (what `config.yaml` holds); family options sit in the model section."""
+        d = dataclasses.asdict(self)
+        d["model"].update(d["model"].pop("options"))
+        return d
+
+
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.type))
 
 
 # The RFC's flat dict: {"model_name": "DiT-S/2", "weights_path": None, "lr": 1e-4, ...}
@@ -161,56 +179,7 @@ def _all_keys(cls=Config, prefix="") -> list[str]:
     return keys
 
 
-def _unknown(key: str, candidates) -> ConfigError:
-    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(candidates)}"
-    return ConfigError(f"unknown config key {key!r}{hint}")
-
-
-def _coerce(value: Any, tp, key: str):
-    """Convert a YAML or command-line value to the field's declared type."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            return None
-        return _coerce(value, args[0], key)
-    if tp is Any:
-        return value
-    if origin is list or tp is list:
-        if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.replace(",", " ").split()]
-            value = [yaml.safe_load(v) if isinstance(v, str) else v for v in value]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key {key!r} needs a list, got {value!r}")
-        return list(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        raise ConfigError(f"config key {key!r} needs true or false, got {value!r}")
-    if tp in (int, float):
-        if isinstance(value, bool):
-            raise ConfigError(f"config key {key!r} needs a number, got {value!r}")
-        try:
-            num = float(value) if isinstance(value, str) else value
-            if tp is int:
-                if float(num) != int(float(num)):
-                    raise ValueError
-                return int(float(num))
-            return float(num)
-        except (TypeError, ValueError):
-            raise ConfigError(f"config key {key!r} needs {tp.__name__}, got {value!r}") from None
-    if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"config key {key!r} needs a string, got {value!r}")
-        return str(value)
-    return value
+_unknown = closest_key_error
 
 
 def set_key(cfg: Config, key: str, value: Any) -> None:
@@ -219,6 +188,15 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     obj = cfg
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(obj)}
+        if isinstance(obj, ModelConfig) and i == len(parts) - 1 and (part not in fields or part == "options"):
+            # A family option: checked against the family's config once the name is known.
+            if part == "options":
+                if not isinstance(value, dict):
+                    raise ConfigError("config key 'model.options' needs a mapping")
+                obj.options.update(value)
+            else:
+                obj.options[part] = value
+            return
         if part not in fields:
             raise _unknown(key, _all_keys())
         f = fields[part]
@@ -229,7 +207,7 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
                 for sub, v in value.items():
                     set_key(cfg, f"{key}.{sub}", v)
             else:
-                setattr(obj, part, _coerce(value, f.type, key))
+                setattr(obj, part, coerce(value, f.type, key))
             return
         if not dataclasses.is_dataclass(f.type):
             raise _unknown(key, _all_keys())
@@ -239,7 +217,7 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
 def _flatten(d: dict, prefix="") -> dict:
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict) and prefix + str(k) in ("model", "diffusion", "data", "optim", "train", "checkpoint", "logging", "parallel"):
+        if isinstance(v, dict) and prefix + str(k) in SECTIONS:
             out.update(_flatten(v, prefix + str(k) + "."))
         else:
             out[prefix + str(k)] = v
@@ -251,6 +229,14 @@ def config_from_dict(d: Optional[dict]) -> Config:
     cfg = Config()
     for key, value in _flatten(d or {}).items():
         set_key(cfg, RFC_KEYS.get(key, key), value)
+    return validate(cfg)
+
+
+def validate(cfg: Config) -> Config:
+    """Check and type the model family's options against its config dataclass; returns `cfg`."""
+    from dit_trainer.models.spec import family_options
+
+    cfg.model.options = family_options(cfg.model.name, cfg.model.options)
     return cfg
 
 
@@ -290,12 +276,12 @@ def load_config(path: Optional[str] = None, overrides: Optional[list] = None) ->
     cfg = config_from_dict(data)
     for key, value in parse_overrides(list(overrides or [])):
         set_key(cfg, key, yaml.safe_load(value) if _is_yaml_scalar(value) else value)
-    return cfg
+    return validate(cfg)
 
 
 def _is_yaml_scalar(value: str) -> bool:
     # Keep strings like "DiT-S/2" or "1e-4" as typed; YAML would read "1e-4" as a string anyway,
-    # and _coerce converts it per field.
+    # and coerce() converts it per field.
     return value.lower() in ("true", "false", "null", "none")
 
 

@@ -73,7 +73,7 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
 
     labels = [c for c in range(10) for _ in range(per_class)]
     with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype, enabled=trainer.amp_dtype is not None):
-        images = sample_latents(trainer.ema, cfg, labels, cfg_scale=cfg.logging.sample_cfg_scale, sampler="ddim",
+        images = sample_latents(trainer.ema_model(), trainer.objective, labels, cfg_scale=cfg.logging.sample_cfg_scale, sampler="ddim",
                                 steps=cfg.logging.sample_steps, seed=seed, device=trainer.device, progress=progress)
     images = images.float().clamp(-1, 1).cpu()
     grid = save_grid(images, out / "samples.png", nrow=per_class)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dit_trainer.config import Config
+from dit_trainer.config import Config, config_from_dict, load_config, save_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import DiT, ModelSpec, get_spec, list_specs, register_spec
 
@@ -54,3 +54,33 @@ def test_top_level_names():
     assert dit_trainer.DiTTrainer is DiTTrainer
     with pytest.raises(AttributeError):
         dit_trainer.not_a_name
+
+
+def test_lowercase_names_resolve():
+    assert get_spec("dit-s/2") is get_spec("DiT-S/2")
+
+
+def test_family_options_are_typed_and_checked():
+    cfg = config_from_dict({"model": {"name": "DiT-S/2", "depth": "3", "hidden_size": 64, "num_heads": 4}})
+    assert cfg.model.depth == 3 and isinstance(cfg.model.depth, int)
+    assert cfg.model.options == {"depth": 3, "hidden_size": 64, "num_heads": 4}
+    with pytest.raises(ConfigError, match="model.depth") as err:
+        config_from_dict({"model": {"name": "DiT-S/2", "depht": 3}})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="needs int"):
+        config_from_dict({"model": {"depth": "deep"}})
+
+
+def test_family_options_round_trip_through_yaml(tmp_path):
+    cfg = config_from_dict({"model": {"name": "DiT-S/2", "depth": 3, "mlp_ratio": 2.0}})
+    assert cfg.to_dict()["model"]["depth"] == 3 and "options" not in cfg.to_dict()["model"]
+    save_config(cfg, tmp_path / "c.yaml")
+    back = load_config(tmp_path / "c.yaml")
+    assert back.model.options == cfg.model.options and back.model.mlp_ratio == 2.0
+
+
+def test_specs_carry_the_family_hooks():
+    spec = get_spec("DiT-B/4")
+    assert spec.family == "dit" and spec.config_cls.__name__ == "DiTConfig"
+    released = {"module.blocks.0.attn.qkv.weight": 1, "_orig_mod.x_embedder.proj.bias": 2}
+    assert spec.state_dict_adapter.from_released(released) == {"blocks.0.attn.qkv.weight": 1, "x_embedder.proj.bias": 2}

@@ -8,7 +8,7 @@ from trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.config import Config
 from dit_trainer.train import DiTTrainer
-from dit_trainer.train.checkpoint import list_checkpoints
+from dit_trainer.checkpoint import list_checkpoints
 from dit_trainer.train.metrics import read_metrics
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from dit_trainer.errors import ConfigError, DitError
-from dit_trainer.data.latents import check_epoch, check_index, flip_for
+from dit_trainer.data.indexing import check_epoch, check_index, flip_for
 
 DIGIT_CLASS_NAMES = [str(i) for i in range(10)]
 _MAX_PIXEL = 16.0  # load_digits() pixels count 4×4 blocks of set bits: 0..16

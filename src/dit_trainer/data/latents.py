@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dit_trainer.errors import ConfigError, DataError
+from dit_trainer.data.indexing import check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
 FASTDIT_FEATURES = "imagenet256_features"
@@ -26,11 +27,6 @@ FASTDIT_LABELS = "imagenet256_labels"
 # Below this many files a thread pool costs more than it saves; above it, header reads on a
 # network file system are latency-bound and overlap well.
 _PARALLEL_SCAN_MIN = 512
-
-
-def flip_for(seed: int, epoch: int, index: int) -> bool:
-    """Whether item `index` is flipped in `epoch`: a pure function, so resume and workers agree."""
-    return bool(np.random.default_rng([seed, epoch, index]).random() < 0.5)
 
 
 def read_npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
@@ -111,23 +107,6 @@ def _resolve_num_classes(num_classes: Optional[int], labels: np.ndarray, class_n
         num_classes = int(labels.max()) + 1 if labels.size else 1
     check_label_range(labels, num_classes, names)
     return num_classes
-
-
-def check_index(index, length: int) -> int:
-    """`index` as a non-negative position (negative counts from the end), or IndexError."""
-    index = int(index)
-    if index < 0:
-        index += length
-    if not 0 <= index < length:
-        raise IndexError(f"index {index} out of range for {length} items")
-    return index
-
-
-def check_epoch(epoch) -> int:
-    """A non-negative integer epoch, or ValueError."""
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-    return int(epoch)
 
 
 class _LatentFiles(Dataset):

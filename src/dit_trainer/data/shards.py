@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.data.latents import check_epoch
+from dit_trainer.data.indexing import check_epoch
 from dit_trainer.errors import ConfigError, DataError
 
 FORMAT = "dit-trainer-latent-shards"

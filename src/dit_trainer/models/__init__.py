@@ -1,25 +1,20 @@
-"""Model families and the registry that finds them by name."""
+"""Model families and the registry that finds them by name.
 
-from dit_trainer.models.dit import DiT, DiT_models, DiTBlock, FinalLayer, LabelEmbedder, TimestepEmbedder, modulate
-from dit_trainer.models.spec import ModelSpec, get_spec, list_specs, model_kwargs, register_spec
+Each family is a folder that registers its specs when imported; adding a family is its folder
+plus one name in `FAMILIES`.
+"""
 
+import importlib
 
-def _register_dit():
-    from dit_trainer.models.spec import lazy
+from dit_trainer.models.spec import ModelSpec, get_spec, list_specs, register_spec
 
-    for name, ctor in DiT_models.items():
-        register_spec(
-            name,
-            ModelSpec(
-                name=name,
-                build_model_fn=lambda cfg, ctor=ctor: ctor(**model_kwargs(cfg)),
-                parallelize_fn=lazy("dit_trainer.parallel.parallelize:parallelize_dit"),
-                pipelining_fn=lazy("dit_trainer.parallel.pipeline:pipeline_dit"),
-            ),
-        )
+FAMILIES = (
+    "dit_trainer.models.dit",
+)
+for _family in FAMILIES:
+    importlib.import_module(_family)
 
-
-_register_dit()
+from dit_trainer.models.dit import DiT, DiT_models, DiTBlock, FinalLayer, LabelEmbedder, TimestepEmbedder, modulate  # noqa: E402
 
 import dit_trainer.models.large_dit  # noqa: E402,F401  registers the Large-DiT specs
 
@@ -31,9 +26,9 @@ __all__ = [
     "LabelEmbedder",
     "TimestepEmbedder",
     "modulate",
+    "FAMILIES",
     "ModelSpec",
     "get_spec",
     "list_specs",
-    "model_kwargs",
     "register_spec",
 ]

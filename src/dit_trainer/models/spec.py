@@ -3,32 +3,43 @@ build the model and, beside it, how to parallelize, pipeline and convert it."""
 
 import dataclasses
 import difflib
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.typed import build_dataclass, closest_key_error
+
+# The model-config fields every family's constructor takes (the rest are the family's options).
+SHARED_FIELDS = ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")
 
 
 @dataclass
 class ModelSpec:
-    """How to build one named model and the hooks that other stages attach to it."""
+    """How to build one named model and the hooks that other stages attach to it.
+
+    `build_model_fn(cfg)` takes a `Config`, a `ModelConfig` or a mapping. `config_cls` is the
+    family's dataclass of its own options. `parallelize_fn(model, dims, cfg, param_dtype)` and
+    `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
+    plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
+    `state_dict_adapter` maps weights to and from released checkpoints.
+    """
 
     name: str
     build_model_fn: Callable[[Any], Any]
+    family: str = ""
+    config_cls: Optional[type] = None
     parallelize_fn: Optional[Callable] = None
     pipelining_fn: Optional[Callable] = None
+    clip_grad_fn: Optional[Callable] = None
     state_dict_adapter: Optional[Any] = None
+
+    def from_released(self, state_dict: dict) -> dict:
+        """A state dict in the family's released names (or a wrapped training copy) in ours."""
+        return self.state_dict_adapter.from_released(state_dict) if self.state_dict_adapter else dict(state_dict)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
-
-# Fields of ModelConfig that are model constructor arguments.
-MODEL_KWARGS = (
-    "input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob",
-    "depth", "hidden_size", "num_heads", "mlp_ratio",
-)
 
 
 def register_spec(name: str, spec: ModelSpec) -> None:
@@ -38,43 +49,73 @@ def register_spec(name: str, spec: ModelSpec) -> None:
     _REGISTRY[name] = spec
 
 
-def get_spec(name: str) -> ModelSpec:
-    """The spec registered under `name`; an unknown name lists the known ones."""
-    try:
+def _lookup(name: str) -> Optional[ModelSpec]:
+    _load_families()
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+    folded = {k.lower(): v for k, v in _REGISTRY.items()}
+    return folded.get(str(name).lower())
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The spec registered under `name` (case-insensitive); an unknown name lists the known ones."""
+    spec = _lookup(name)
+    if spec is None:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown model {name!r}{hint}; known models: {', '.join(_REGISTRY)}") from None
+        raise ConfigError(f"unknown model {name!r}{hint}; known models: {', '.join(_REGISTRY)}")
+    return spec
 
 
 def list_specs() -> list[str]:
     """Names of every registered model."""
+    _load_families()
     return list(_REGISTRY)
 
 
-def model_kwargs(cfg) -> dict:
-    """Constructor arguments from a `Config`, a `ModelConfig` or a plain mapping.
+def _load_families() -> None:
+    # Families register themselves on import; importing the models package imports them all.
+    import dit_trainer.models  # noqa: F401
 
-    Mappings may use the ModelConfig field names; keys that are not constructor arguments
-    (such as the RFC's `model_name` or `lr`) are ignored, missing ones keep the defaults.
-    """
+
+def _model_section(cfg) -> Mapping:
+    """The model section of a `Config`, a `ModelConfig` or a mapping, as a flat mapping."""
     if hasattr(cfg, "model") and not isinstance(cfg, Mapping):
         cfg = cfg.model
     if dataclasses.is_dataclass(cfg):
-        cfg = dataclasses.asdict(cfg)
+        d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        d.update(d.pop("options", None) or {})
+        return d
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"cannot build a model from {type(cfg).__name__}; pass a Config, ModelConfig or dict")
-    return {k: cfg[k] for k in MODEL_KWARGS if k in cfg and cfg[k] is not None}
+    d = dict(cfg)
+    d.update(d.pop("options", None) or {})
+    return d
 
 
-def lazy(target: str) -> Callable:
-    """A function that imports `module:attr` on first call, so models never import parallel code."""
-    module_name, attr = target.split(":")
+def family_options(name: str, options: Mapping) -> dict:
+    """`options` typed and checked against the family config of model `name` (unknown names pass)."""
+    spec = _lookup(name)
+    if spec is None or spec.config_cls is None:
+        return dict(options)
+    own = [f.name for f in dataclasses.fields(spec.config_cls)]
+    for key in options:
+        if key not in own:
+            # A typo of a shared field ("nmae") should point there, not at the family's options.
+            candidates = ["name", *SHARED_FIELDS, "weights_path", *own]
+            raise closest_key_error(f"model.{key}", [f"model.{c}" for c in candidates])
+    typed = build_dataclass(spec.config_cls, dict(options), prefix="model.")
+    return {k: getattr(typed, k) for k in options}
 
-    def call(*args, **kwargs):
-        return getattr(importlib.import_module(module_name), attr)(*args, **kwargs)
 
-    call.__name__ = attr
-    call.__qualname__ = target
-    return call
+def build_kwargs(cfg, config_cls) -> tuple[dict, Any]:
+    """(shared constructor arguments, the family's config dataclass) from any model config form.
+
+    Mapping keys that belong to neither (such as the RFC's `model_name` or `lr`) are ignored,
+    missing ones keep the defaults.
+    """
+    section = _model_section(cfg)
+    shared = {k: section[k] for k in SHARED_FIELDS if section.get(k) is not None}
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    family = build_dataclass(config_cls, {k: v for k, v in section.items() if k in names}, prefix="model.")
+    return shared, family

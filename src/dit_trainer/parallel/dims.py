@@ -89,7 +89,7 @@ class ParallelDims:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    # The trainer's view of a layout (the same names as its `SingleProcess`).
+    # The name the trainer reads.
     is_distributed = distributed
 
     @property

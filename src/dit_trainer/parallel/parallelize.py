@@ -1,4 +1,6 @@
-"""Tensor parallel, activation checkpointing, compile and FSDP/DDP for DiT, in torchtitan's order."""
+"""Generic parallelization in torchtitan's order: tensor parallel -> activation checkpointing ->
+compile -> FSDP/HSDP/DDP. A model family calls `parallelize_units` with its repeated units (the
+transformer blocks) and its tensor-parallel plan; nothing here knows a model's modules."""
 
 import functools
 
@@ -11,20 +13,28 @@ from dit_trainer.errors import ConfigError
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def parallelize_dit(model: nn.Module, dims, cfg, param_dtype=None, reduce_dtype=torch.float32) -> nn.Module:
-    """Apply tp -> ac -> compile -> fsdp/ddp to `model` (or to one pipeline stage of it), in place."""
+def parallelize_units(model: nn.Module, units, dims, cfg, tp_fn=None, param_dtype=None,
+                      reduce_dtype=torch.float32) -> nn.Module:
+    """Apply tp -> ac -> compile -> fsdp/ddp to `model` (or one pipeline stage of it), in place.
+
+    `units` are the repeated blocks (AC, compile and FSDP wrap each); `tp_fn(model, tp_mesh)`
+    applies the family's tensor-parallel plan. With every degree 1 only AC and compile apply.
+    """
     train = getattr(cfg, "train", None)
     par = getattr(cfg, "parallel", cfg)
     if param_dtype is None:
         param_dtype = _DTYPES.get(getattr(train, "mixed_precision", "fp32"), torch.float32)
+    units = list(units)
     mesh = dims.mesh if dims.distributed else None
     if dims.tp_enabled:
-        apply_tp(model, mesh["tp"])
+        if tp_fn is None:
+            raise ConfigError("parallel.tp > 1 but this model family has no tensor-parallel plan; set parallel.tp 1")
+        tp_fn(model, mesh["tp"])
     ac_mode = getattr(train, "activation_checkpointing", "none")
     if ac_mode and ac_mode != "none":
-        apply_ac(model, ac_mode)
+        apply_ac(units, ac_mode)
     if getattr(train, "compile", False):
-        apply_compile(model)
+        apply_compile(units)
     # DDP does not compose with TP's DTensors or with PP's many forwards before one backward:
     # replicas beside TP/PP are FSDP2 with a shard group of one (HSDP), which does.
     replicate_only = dims.dp_replicate > 1 and dims.dp_shard == 1
@@ -32,6 +42,7 @@ def parallelize_dit(model: nn.Module, dims, cfg, param_dtype=None, reduce_dtype=
         dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
         apply_fsdp(
             model,
+            units,
             dp_mesh,
             param_dtype=param_dtype,
             reduce_dtype=reduce_dtype,
@@ -41,76 +52,6 @@ def parallelize_dit(model: nn.Module, dims, cfg, param_dtype=None, reduce_dtype=
     elif dims.ddp_enabled:
         apply_ddp(model, mesh["dp_replicate"])
     return model
-
-
-# ---------------------------------------------------------------------------------------------
-# Tensor parallel
-
-
-def qkv_to_tp_layout(t: torch.Tensor, tp: int) -> torch.Tensor:
-    """Released rows [q | k | v] -> [q_0 k_0 v_0 | q_1 k_1 v_1 | ...], one group of whole heads per rank."""
-    return t.reshape(3, tp, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-def qkv_to_released_layout(t: torch.Tensor, tp: int) -> torch.Tensor:
-    """Inverse of `qkv_to_tp_layout`: what checkpoints and the released weights hold."""
-    return t.reshape(tp, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
-
-
-# Set on each `attn.qkv` whose rows apply_tp regrouped; checkpoints read it to restore the release.
-QKV_TP_ATTR = "_dit_qkv_tp"
-
-
-def qkv_tp_degrees(model: nn.Module) -> dict:
-    """FQN prefix of every regrouped `attn.qkv` -> its tp degree."""
-    return {name: getattr(m, QKV_TP_ATTR) for name, m in model.named_modules() if hasattr(m, QKV_TP_ATTR)}
-
-
-def apply_tp(model: nn.Module, tp_mesh) -> None:
-    """Split heads and MLP width over `tp_mesh`: qkv/fc1 column-wise, proj/fc2 row-wise.
-
-    Embedders, adaLN modulation and the final layer stay replicated: they act on the (B, D)
-    conditioning vector or on cheap per-token maps, so sharding them saves little and adds
-    collectives.
-    """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    tp = tp_mesh.size()
-    for idx, block in _blocks(model):
-        heads = block.attn.qkv.out_features // 3 // block.attn.head_dim
-        if heads % tp or block.mlp.fc1.out_features % tp:
-            raise ConfigError(
-                f"parallel.tp={tp} does not divide the {heads} attention heads and "
-                f"{block.mlp.fc1.out_features} MLP channels; pick a divisor of {heads}"
-            )
-        qkv = block.attn.qkv
-        # Sharding [q | k | v] row-wise as is would hand rank 0 all of q and part of k; regroup
-        # so that each rank's contiguous shard holds whole heads of q, k and v.
-        with torch.no_grad():
-            qkv.weight.copy_(qkv_to_tp_layout(qkv.weight, tp))
-            if qkv.bias is not None:
-                qkv.bias.copy_(qkv_to_tp_layout(qkv.bias, tp))
-        setattr(qkv, QKV_TP_ATTR, tp)
-        parallelize_module(
-            block,
-            tp_mesh,
-            {
-                "attn.qkv": ColwiseParallel(),
-                "attn.proj": RowwiseParallel(),
-                "mlp.fc1": ColwiseParallel(),
-                "mlp.fc2": RowwiseParallel(),
-            },
-        )
-
-
-def _blocks(model):
-    """(index, block) pairs of a full model or of a pipeline stage whose `blocks` is a ModuleDict."""
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        return []
-    if isinstance(blocks, nn.ModuleDict):
-        return list(blocks.items())
-    return list(enumerate(blocks))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,13 +91,13 @@ def _checkpointed(forward, kwargs):
     return ac_forward
 
 
-def apply_ac(model: nn.Module, mode: str) -> None:
-    """Recompute each block's activations in backward: all of them ("full") or the cheap ones ("selective")."""
+def apply_ac(units, mode: str) -> None:
+    """Recompute each unit's activations in backward: all of them ("full") or the cheap ones ("selective")."""
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     if mode not in ("full", "selective"):
         raise ConfigError(f"train.activation_checkpointing must be none, full or selective, got {mode!r}")
-    for _, block in _blocks(model):
+    for block in units:
         forward = block.forward
         kwargs = dict(use_reentrant=False, preserve_rng_state=False)
         if mode == "selective":
@@ -170,9 +111,9 @@ def apply_ac(model: nn.Module, mode: str) -> None:
 # Compile
 
 
-def apply_compile(model: nn.Module) -> None:
-    """torch.compile each block in place: blocks repeat, so one graph serves them all."""
-    for _, block in _blocks(model):
+def apply_compile(units) -> None:
+    """torch.compile each unit in place: units repeat, so one graph serves them all."""
+    for block in units:
         block.compile()
 
 
@@ -180,13 +121,13 @@ def apply_compile(model: nn.Module) -> None:
 # Data parallel
 
 
-def apply_fsdp(model, dp_mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, reshard_after_forward=True):
-    """fully_shard each block, then the root (embedders, final layer); HSDP when `dp_mesh` is 2-D."""
+def apply_fsdp(model, units, dp_mesh, param_dtype=torch.float32, reduce_dtype=torch.float32, reshard_after_forward=True):
+    """fully_shard each unit, then the root (what is left: embedders, head); HSDP when `dp_mesh` is 2-D."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = _blocks(model)
-    for i, (_, block) in enumerate(blocks):
+    blocks = list(units)
+    for i, block in enumerate(blocks):
         # The last block's parameters are needed again at once by backward.
         last = i == len(blocks) - 1
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and not last)

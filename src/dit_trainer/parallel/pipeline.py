@@ -1,11 +1,12 @@
-"""Pipeline parallelism for DiT with torch.distributed.pipelining.
+"""Pipeline parallelism with torch.distributed.pipelining, for any model that can be split.
 
-Stage i runs a contiguous range of blocks. The first stage also embeds (x_t, t, y) into
-(tokens, c); every stage passes (tokens, c) on, so the conditioning vector travels with the
-activations; the last stage applies the final layer and computes the diffusion loss. The loss
-needs x_start, the noise and t, which only the first stage's inputs carry: they travel as the
-schedule's `target`, packed into one contiguous float tensor that the schedule microbatches like
-the inputs.
+A splittable model exposes `embed(x, t, y, force_drop_ids) -> (tokens, c)`, a container of
+repeated units (each `unit(tokens, c)`) and `head(tokens, c)`. Stage i runs a contiguous range of
+units; the first stage also embeds, every stage passes (tokens, c) on, so the conditioning vector
+travels with the activations, and the last stage applies the head and the objective's loss. The
+loss needs the clean input and the step's random draws, which only the first stage's inputs
+carry: they travel as the schedule's `target`, packed into one contiguous float tensor that the
+schedule microbatches like the inputs. The model family says where to cut (`prune_to_stage`).
 """
 
 import copy
@@ -21,7 +22,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 
 
 def stage_ranges(depth: int, num_stages: int) -> list[tuple[int, int]]:
-    """Contiguous block ranges, as even as possible; earlier stages take the remainder."""
+    """Contiguous unit ranges, as even as possible; earlier stages take the remainder."""
     if num_stages > depth:
         raise ConfigError(f"parallel.pp asks for {num_stages} pipeline stages but the model has only {depth} blocks")
     base, extra = divmod(depth, num_stages)
@@ -33,53 +34,45 @@ def stage_ranges(depth: int, num_stages: int) -> list[tuple[int, int]]:
     return ranges
 
 
-class _PatchSizeOnly(nn.Module):
-    """Stands in for `x_embedder` on later stages: `unpatchify` reads only its patch size."""
-
-    def __init__(self, patch_size):
-        super().__init__()
-        self.patch_size = patch_size
-
-
-def _stage_forward_first(self, x, t, y, force_drop_ids=None):
-    tokens, c = self.embed(x, t, y, force_drop_ids)
-    return self._run_blocks(tokens, c)
-
-
-def _stage_forward_middle(self, tokens, c):
-    return self._run_blocks(tokens, c)
-
-
-def _stage_forward_last(self, tokens, c):
-    tokens, c = self._run_blocks(tokens, c)
-    return self.head(tokens, c)
-
-
-def _stage_forward_only(self, x, t, y, force_drop_ids=None):
-    tokens, c = self.embed(x, t, y, force_drop_ids)
-    return self.head(*self._run_blocks(tokens, c))
-
-
-def _run_blocks(self, tokens, c):
-    for block in self.blocks.values():
-        tokens = block(tokens, c)
+def _run_units(self, tokens, c):
+    for unit in getattr(self, self._pp_units).values():
+        tokens = unit(tokens, c)
     # gloo send/recv needs contiguous buffers.
     return tokens.contiguous(), c.contiguous()
 
 
-def build_stage_module(model: nn.Module, start: int, end: int, first: bool, last: bool) -> nn.Module:
-    """Prune `model` in place to blocks [start, end), keeping the full model's parameter names."""
-    blocks = model.blocks
-    # A ModuleDict keyed by the original indices keeps FQNs ("blocks.7.attn.qkv.weight"), so a
-    # checkpoint saved under one pipeline layout loads under any other.
-    model.blocks = nn.ModuleDict({str(i): blocks[i] for i in range(start, end)})
-    if not first:
-        patch = model.x_embedder.patch_size
-        del model.x_embedder, model.t_embedder, model.y_embedder, model.pos_embed
-        model.x_embedder = _PatchSizeOnly(patch)
-    if not last:
-        del model.final_layer
-    model._run_blocks = types.MethodType(_run_blocks, model)
+def _stage_forward_first(self, x, t, y, force_drop_ids=None):
+    return self._run_units(*self.embed(x, t, y, force_drop_ids))
+
+
+def _stage_forward_middle(self, tokens, c):
+    return self._run_units(tokens, c)
+
+
+def _stage_forward_last(self, tokens, c):
+    return self.head(*self._run_units(tokens, c))
+
+
+def _stage_forward_only(self, x, t, y, force_drop_ids=None):
+    return self.head(*self._run_units(*self.embed(x, t, y, force_drop_ids)))
+
+
+def prune_to_stage(model: nn.Module, units_attr: str, start: int, end: int, first: bool, last: bool,
+                   first_only=(), last_only=()) -> nn.Module:
+    """Keep units [start, end) of `model.<units_attr>` and the submodules this stage needs, in place.
+
+    `first_only` names what only the first stage runs (embedders), `last_only` what only the last
+    runs (the head). Units are kept in a ModuleDict keyed by their original index, so parameter
+    names stay those of the full model and a checkpoint saved under one layout loads under any other.
+    """
+    units = getattr(model, units_attr)
+    setattr(model, units_attr, nn.ModuleDict({str(i): units[i] for i in range(start, end)}))
+    for name in () if first else first_only:
+        delattr(model, name)
+    for name in () if last else last_only:
+        delattr(model, name)
+    model._pp_units = units_attr
+    model._run_units = types.MethodType(_run_units, model)
     fwd = {
         (True, True): _stage_forward_only,
         (True, False): _stage_forward_first,
@@ -90,11 +83,12 @@ def build_stage_module(model: nn.Module, start: int, end: int, first: bool, last
     return model
 
 
-def pipeline_dit(model: nn.Module, dims, cfg, loss_fn, device=None, parallelize_fn=None):
+def build_pipeline(model: nn.Module, dims, cfg, depth: int, split_fn, loss_fn, device=None, parallelize_fn=None):
     """Split `model` into this rank's stages and build the schedule.
 
-    `loss_fn(output, target)` runs on the last stage per microbatch (see `pipeline_loss`).
-    Returns (schedule, model_parts, has_first_stage, has_last_stage).
+    `split_fn(model, start, end, first, last) -> stage module` is the family's cut;
+    `loss_fn(output, target)` runs on the last stage per microbatch. Returns
+    (schedule, model_parts, has_first_stage, has_last_stage).
     """
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
@@ -105,7 +99,7 @@ def pipeline_dit(model: nn.Module, dims, cfg, loss_fn, device=None, parallelize_
     pp, pp_rank = dims.pp, dims.pp_rank
     per_rank = 2 if name == "interleaved1f1b" else 1
     num_stages = pp * per_rank
-    ranges = stage_ranges(len(model.blocks), num_stages)
+    ranges = stage_ranges(depth, num_stages)
     # Loop-style assignment: rank r holds stages r, r + pp, ...; stage 0 and the last sit on
     # pp ranks 0 and pp - 1.
     stage_ids = [pp_rank + k * pp for k in range(per_rank)]
@@ -115,7 +109,7 @@ def pipeline_dit(model: nn.Module, dims, cfg, loss_fn, device=None, parallelize_
     parts, stages = [], []
     for k, sid in enumerate(stage_ids):
         source = model if k == per_rank - 1 else copy.deepcopy(model)
-        part = build_stage_module(source, *ranges[sid], first=sid == 0, last=sid == num_stages - 1)
+        part = split_fn(source, *ranges[sid], first=sid == 0, last=sid == num_stages - 1)
         if parallelize_fn is not None:
             parallelize_fn(part, dims, cfg)
         parts.append(part)
@@ -136,59 +130,41 @@ def pipeline_dit(model: nn.Module, dims, cfg, loss_fn, device=None, parallelize_
 
 
 # ---------------------------------------------------------------------------------------------
-# The loss on the last stage
+# The loss target: the clean input and the step's draws, through the schedule to the last stage
 
 
-def pack_target(x_start: torch.Tensor, noise: torch.Tensor, t: torch.Tensor, w=None) -> torch.Tensor:
-    """(x_start, noise, t, w) as one contiguous (B, 2*C*H*W + 2) float32 tensor; t < 2**24 is exact."""
-    b = x_start.shape[0]
-    w = torch.ones(b, device=x_start.device) if w is None else w
-    parts = [x_start.reshape(b, -1).float(), noise.reshape(b, -1).float(), t.reshape(b, 1).float(), w.reshape(b, 1).float()]
-    return torch.cat(parts, dim=1).contiguous()
+class TargetPacking:
+    """Packs named per-sample tensors (leading batch dim) into one contiguous (B, K) float32 tensor.
 
-
-def unpack_target(target: torch.Tensor, sample_shape, dtype=torch.float32):
-    """Inverse of `pack_target` for samples of shape (C, H, W): (x_start, noise, t, w)."""
-    n = 1
-    for s in sample_shape:
-        n *= s
-    b = target.shape[0]
-    x_start = target[:, :n].reshape(b, *sample_shape).to(dtype)
-    noise = target[:, n : 2 * n].reshape(b, *sample_shape).to(dtype)
-    t = target[:, 2 * n].round().long()
-    w = target[:, 2 * n + 1].to(dtype)
-    return x_start, noise, t, w
-
-
-def pipeline_loss(loss_fn, sample_shape):
-    """Adapt `loss_fn(model_output, x_start, noise, t) -> per-sample losses` to the schedule's (output, target)."""
-
-    def fn(output, target):
-        x_start, noise, t, w = unpack_target(target, sample_shape)
-        return (loss_fn(output, x_start, noise, t) * w).mean()
-
-    return fn
-
-
-def diffusion_loss(diffusion):
-    """The diffusion loss from a model output already computed: `training_losses` with a frozen model.
-
-    `training_losses` recomputes x_t = q_sample(x_start, t, noise), which is what the first stage
-    embedded, and needs x_start, x_t and t for the learned-sigma VB term.
+    Integer tensors below 2**24 (timesteps) survive the float32 round trip exactly.
     """
 
-    def fn(output, x_start, noise, t):
-        return diffusion.training_losses(lambda *a, **k: output.float(), x_start, t, noise=noise)["loss"]
+    def __init__(self, tensors: dict):
+        self.layout = [(name, tuple(v.shape[1:]), v.dtype) for name, v in tensors.items()]
 
-    return fn
+    def pack(self, tensors: dict) -> torch.Tensor:
+        """One (B, K) float32 tensor holding every entry, flattened, in layout order."""
+        b = next(iter(tensors.values())).shape[0]
+        return torch.cat([tensors[name].reshape(b, -1).float() for name, _, _ in self.layout], dim=1).contiguous()
+
+    def unpack(self, target: torch.Tensor) -> dict:
+        """The tensors `pack` was given, in their shapes and dtypes (for a microbatch of any size)."""
+        out, col, b = {}, 0, target.shape[0]
+        for name, shape, dtype in self.layout:
+            n = 1
+            for s in shape:
+                n *= s
+            piece = target[:, col:col + n].reshape(b, *shape)
+            out[name] = piece.round().to(dtype) if not dtype.is_floating_point else piece.to(dtype)
+            col += n
+        return out
 
 
-def pipeline_step(schedule, has_first, has_last, dims, x_t, t, y, drop, target) -> torch.Tensor:
+def pipeline_step(schedule, has_first, has_last, dims, inputs, target) -> torch.Tensor:
     """One forward-backward through the pipeline; returns the batch's mean loss on every pp rank."""
     losses = []
     if has_first:
-        args = (x_t, t, y) if drop is None else (x_t, t, y, drop)
-        schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        schedule.step(*inputs, target=target, losses=losses, return_outputs=False)
     else:
         schedule.step(target=target, losses=losses, return_outputs=False)
     if has_last:

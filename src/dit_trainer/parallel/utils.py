@@ -29,7 +29,11 @@ def clip_grad_norm_(parameters, max_norm: float, pp_group=None, foreach=True) ->
     Gradients on different meshes cannot be stacked into one norm, so each (mesh, placements)
     group is reduced on its own and the squares are summed; stages add theirs over `pp_group`.
     """
+    parameters = list(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
+    if pp_group is None and not any(is_dtensor(g) for g in grads):
+        # Plain gradients on one pipeline stage: torch's own clip, bit for bit what a plain loop does.
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, foreach=foreach)
     groups: dict = {}
     for g in grads:
         key = (g.device_mesh, g.placements) if is_dtensor(g) else None

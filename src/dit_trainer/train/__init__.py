@@ -1,5 +1,5 @@
-"""Training: the `DiTTrainer`, EMA, checkpoints and data feeding."""
+"""Training: the `DiTTrainer` (1..N processes), checkpointing it, metrics and `dit train`."""
 
-from dit_trainer.train.trainer import DiTTrainer, build_diffusion
+from dit_trainer.train.trainer import DiTTrainer, resolve_amp_dtype
 
-__all__ = ["DiTTrainer", "build_diffusion"]
+__all__ = ["DiTTrainer", "resolve_amp_dtype"]

@@ -1,34 +1,34 @@
-"""`DiTTrainer`: one training step is t ~ sampler → q_sample → model → loss → backward →
-AdamW → (clip) → EMA; `train()` runs the loop from the config with logging, sample grids,
-checkpoints and exact resume.
+"""`DiTTrainer`: one trainer for one process and for N under torchrun.
 
-All randomness of a step (timesteps, noise, label dropout) is drawn for the whole global batch
-from one seeded generator and each data-parallel rank takes its slice, so every layout computes
-the same step as a single process, and restoring the generator's state resumes exactly.
+A step draws the objective's randomness (t, noise) and the label-dropout mask for the whole
+global batch from one seeded generator; each data-parallel rank takes its slice. So every layout
+computes the step of a single process, and restoring the generator's state resumes exactly. The
+mesh is always a `ParallelDims` (world size 1 is a mesh of one), the model family's
+`parallelize_fn` is always applied (a no-op where every degree is 1), and pipeline parallelism is
+a branch of the step, not another class.
 """
 
 import contextlib
+import functools
 import math
 import time
 
 import torch
+import torch.nn as nn
 from tqdm.auto import tqdm
 
-from dit_trainer.config import as_config, config_yaml, save_config
-from dit_trainer.diffusion import create_diffusion, create_named_schedule_sampler
+from dit_trainer.config import as_config, save_config
+from dit_trainer.devices import resolve_device
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
-from dit_trainer.train import checkpoint as ckpt
-from dit_trainer.train.data import GlobalBatchSampler, StepLoader, build_dataset
-from dit_trainer.train.ema import create_ema, ema_decay_at, update_ema
+from dit_trainer.objective import build_objective
+from dit_trainer.parallel.dims import init_distributed
+from dit_trainer.parallel.ema import ShardedEMA
+from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
+from dit_trainer.parallel.utils import clip_grad_norm_
+from dit_trainer.train import checkpointing
+from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.metrics import MetricsLogger
-
-
-def resolve_device(name: str) -> torch.device:
-    """"auto" picks CUDA when present, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def resolve_amp_dtype(name: str, device: torch.device):
@@ -47,63 +47,34 @@ def resolve_amp_dtype(name: str, device: torch.device):
     raise ConfigError(f"train.mixed_precision {name!r} is not one of bf16, fp16, fp32")
 
 
-def build_diffusion(cfg, timestep_respacing=""):
-    """The Gaussian diffusion described by `cfg.diffusion` and `cfg.model.learn_sigma`."""
-    d = cfg.diffusion
-    return create_diffusion(
-        timestep_respacing=timestep_respacing,
-        noise_schedule=d.noise_schedule,
-        use_kl=d.use_kl,
-        sigma_small=d.sigma_small,
-        predict_xstart=d.predict_xstart,
-        learn_sigma=cfg.model.learn_sigma,
-        rescale_learned_sigmas=d.rescale_learned_sigmas,
-        diffusion_steps=d.num_timesteps,
-    )
-
-
-class SingleProcess:
-    """Parallel dimensions of a plain one-process run."""
-
-    world_size = 1
-    rank = 0
-    dp_rank = 0
-    dp_size = 1
-    is_main = True
-    is_distributed = False
-
-    def all_reduce_mean(self, tensor):
-        return tensor
-
-
 class DiTTrainer:
-    """Trains a registered model with Gaussian diffusion; see the module docstring."""
-
-    def __new__(cls, config=None, *args, **kwargs):
-        # Under torchrun (or with sharded checkpoints) the same call builds the parallel trainer.
-        if cls is DiTTrainer and _wants_parallel(config):
-            from dit_trainer.parallel.trainer import ParallelTrainer
-
-            cls = ParallelTrainer
-        return super().__new__(cls)
+    """Trains a registered model with the configured objective, on 1..N processes."""
 
     def __init__(self, config, dataset=None):
         self.cfg = cfg = as_config(config)
         self.device = resolve_device(cfg.train.device)
-        self.dims = self._init_parallel()
+        self.dims = init_distributed(cfg.parallel, self.device)
+        if self.device.type == "cuda" and self.dims.distributed:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._check_layout()
         self.amp_dtype = resolve_amp_dtype(cfg.train.mixed_precision, self.device)
         torch.manual_seed(cfg.train.seed)
 
         self.spec = get_spec(cfg.model.name)
         model = self.spec.build_model_fn(cfg)
         if cfg.model.weights_path:
-            ckpt.load_into(model, ckpt.load_weights(cfg.model.weights_path), cfg.model.weights_path)
-        model.to(self.device)
-        self.model = self._parallelize(model)
-        self.ema = self._create_ema(self.model)
+            from dit_trainer.checkpoint import load_into, load_weights
 
-        self.diffusion = build_diffusion(cfg)
-        self.schedule_sampler = create_named_schedule_sampler(cfg.diffusion.timestep_sampler, self.diffusion)
+            load_into(model, self.spec.from_released(load_weights(cfg.model.weights_path)), cfg.model.weights_path)
+        model.to(self.device)
+        self.sample_shape = (model.in_channels, model.input_size, model.input_size)
+        self.objective = build_objective(cfg)
+        self._pp = None
+        self.model_parts = self._parallelize(model)
+        self.model = self.model_parts[0] if len(self.model_parts) == 1 else nn.ModuleList(self.model_parts)
+        # The EMA is kept like the parameters: full on one process, shards under FSDP/TP/PP.
+        self.ema = ShardedEMA(self.model_parts)
+
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=cfg.optim.lr,
@@ -120,49 +91,73 @@ class DiTTrainer:
         self.step = 0
         self._dataset = dataset
         self._loader = None
+        self._packing = None
 
-    # -- hooks for parallel layouts (dit_trainer.parallel overrides these) -------------------
+    # -- layout ----------------------------------------------------------------------------
 
-    def _init_parallel(self):
-        return SingleProcess()
+    def _check_layout(self):
+        dims, cfg = self.dims, self.cfg
+        if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler != "uniform" and cfg.objective == "diffusion":
+            # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
+            raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
+        if dims.pp_enabled:
+            if cfg.train.grad_accum_steps > 1:
+                raise ConfigError("train.grad_accum_steps > 1 with parallel.pp > 1: raise parallel.pp_microbatches instead")
+            local = dims.local_batch_size(cfg.train.global_batch_size)
+            if local % cfg.parallel.pp_microbatches:
+                raise ConfigError(
+                    f"the per-rank batch {local} does not split into parallel.pp_microbatches "
+                    f"{cfg.parallel.pp_microbatches}; pick a divisor of {local}"
+                )
 
-    def _parallelize(self, model):
-        t = self.cfg.train
-        if (t.activation_checkpointing != "none" or t.compile) and self.spec.parallelize_fn is not None:
-            # One process has no mesh: of the parallelisms only AC and per-block compile apply.
-            from dit_trainer.parallel.dims import ParallelDims
+    def _parallelize(self, model) -> list:
+        """The model family's plan on this layout; returns this rank's model parts."""
+        spec, dims, cfg = self.spec, self.dims, self.cfg
+        if spec.parallelize_fn is None:
+            if dims.distributed or cfg.train.activation_checkpointing != "none" or cfg.train.compile:
+                raise ConfigError(f"model {spec.name} has no parallel plan; run it on one process without AC or compile")
+            return [model]
+        parallelize = functools.partial(spec.parallelize_fn, param_dtype=self.amp_dtype or torch.float32)
+        if dims.pp_enabled:
+            if spec.pipelining_fn is None:
+                raise ConfigError(f"model {spec.name} cannot be pipelined; set parallel.pp 1")
+            schedule, parts, first, last = spec.pipelining_fn(
+                model, dims, cfg, loss_fn=self._pp_loss, device=self.device, parallelize_fn=parallelize
+            )
+            self._pp = (schedule, first, last)
+            return list(parts)
+        parallelize(model, dims, cfg)
+        return [model]
 
-            self.spec.parallelize_fn(model, ParallelDims(world_size=1), self.cfg)
-        return model
+    @property
+    def diffusion(self):
+        """The Gaussian diffusion of a diffusion objective (None for others)."""
+        return getattr(self.objective, "diffusion", None)
 
-    def _create_ema(self, model):
-        return create_ema(model)
-
-    def _update_ema(self, decay: float) -> None:
-        update_ema(self.ema, self._unwrapped(), decay)
-
-    def _clip_grads(self, max_norm: float):
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+    @property
+    def sharded(self) -> bool:
+        """Whether checkpoints are DCP shards (any sharded layout, or `checkpoint.sharded`)."""
+        d = self.dims
+        return bool(self.cfg.checkpoint.sharded or d.fsdp_enabled or d.tp_enabled or d.pp_enabled)
 
     # -- one step ------------------------------------------------------------------------
-
-    def _model_fn(self, x, t, **kwargs):
-        # Autocast only the network; the diffusion arithmetic around it stays in float32.
-        with self._autocast():
-            out = self.model(x, t, **kwargs)
-        return out.float()
 
     def _autocast(self):
         """Autocast to the run's mixed-precision dtype, or nothing for fp32."""
         return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
 
-    def _draw(self, global_batch: int, shape):
-        """Timesteps, weights, noise and label-dropout mask for the whole global batch."""
-        t, w = self.schedule_sampler.sample(global_batch, self.device, generator=self.generator)
-        noise = torch.randn((global_batch, *shape), generator=self.generator, device=self.device)
+    def _model_fn(self, x, t, **kwargs):
+        # Autocast only the network; the objective's arithmetic around it stays in float32.
+        with self._autocast():
+            out = self.model(x, t, **kwargs)
+        return out.float()
+
+    def _draw(self, global_batch: int):
+        """The objective's draws and the label-dropout mask for the whole global batch."""
+        draws = self.objective.draw(global_batch, self.sample_shape, self.generator, self.device)
         p = self.cfg.model.class_dropout_prob
         drop = (torch.rand(global_batch, generator=self.generator, device=self.device) < p).long()
-        return t, w, noise, drop
+        return draws, drop
 
     def _prepare(self, batch):
         """This rank's (x, y) on the device, and its slice of the global batch's randomness."""
@@ -171,50 +166,73 @@ class DiTTrainer:
         y = y.to(self.device, dtype=torch.long, non_blocking=True)
         local = x.shape[0]
         lo = self.dims.dp_rank * local
-        t, w, noise, drop = (v[lo : lo + local] for v in self._draw(local * self.dims.dp_size, x.shape[1:]))
-        return x, y, t, w, noise, drop
+        draws, drop = self._draw(local * self.dims.dp_size)
+        draws = {k: v[lo:lo + local] for k, v in draws.items()}
+        return x, y, draws, drop[lo:lo + local]
 
     def train_step(self, batch) -> dict:
         """One optimizer step on this rank's share of a global batch; returns floats."""
-        x, y, t, w, noise, drop = self._prepare(batch)
+        x, y, draws, drop = self._prepare(batch)
         self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._pipelined_loss(x, y, draws, drop) if self._pp else self._accumulated_loss(x, y, draws, drop)
+        return self._finish_step(loss)
+
+    def _accumulated_loss(self, x, y, draws, drop):
         local = x.shape[0]
         accum = self.cfg.train.grad_accum_steps
         if local % accum:
             raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {accum}")
-        self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         for m in range(accum):
             sl = slice(m * local // accum, (m + 1) * local // accum)
+            part = {k: v[sl] for k, v in draws.items()}
             with self._no_sync(m < accum - 1):
-                losses = self.diffusion.training_losses(
-                    self._model_fn, x[sl], t[sl], model_kwargs=dict(y=y[sl], force_drop_ids=drop[sl]), noise=noise[sl]
-                )
-                if hasattr(self.schedule_sampler, "update_with_local_losses"):
-                    self.schedule_sampler.update_with_local_losses(t[sl], losses["loss"].detach())
-                loss = (losses["loss"] * w[sl]).mean() / accum
-                self._backward(loss)
+                x_t, t = self.objective.model_input(x[sl], part)
+                out = self._model_fn(x_t, t, y=y[sl], force_drop_ids=drop[sl])
+                losses = self.objective.loss(out, x[sl], part)
+                self.objective.observe(part, losses.detach())
+                loss = losses.mean() / accum
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
-        return self._finish_step(loss_sum)
+        return loss_sum
+
+    def _pipelined_loss(self, x, y, draws, drop):
+        """Forward-backward through the pipeline; the clean input and draws travel as the target."""
+        x_t, t = self.objective.model_input(x, draws)
+        carried = {"x": x, **draws}
+        self._packing = TargetPacking(carried)
+        schedule, first, last = self._pp
+        with self._autocast():
+            return pipeline_step(schedule, first, last, self.dims, (x_t, t, y, drop), self._packing.pack(carried))
+
+    def _pp_loss(self, output, target):
+        """Last stage, per microbatch: the single-process loss from the stage's output."""
+        carried = self._packing.unpack(target)
+        x = carried.pop("x")
+        return self.objective.loss(output.float(), x, carried).mean()
+
+    def _no_sync(self, skip: bool):
+        @contextlib.contextmanager
+        def ctx():
+            mods = [m for part in self.model_parts for m in part.modules() if hasattr(m, "set_requires_gradient_sync")]
+            for m in mods:
+                m.set_requires_gradient_sync(not skip)
+            try:
+                yield
+            finally:
+                for m in mods:
+                    m.set_requires_gradient_sync(True)
+
+        return ctx() if skip else contextlib.nullcontext()
+
+    def _clip_grads(self, max_norm: float):
+        pp_group = self.dims.mesh["pp"].get_group() if self.dims.pp_enabled else None
+        clip = self.spec.clip_grad_fn or clip_grad_norm_
+        return clip([p for p in self.model.parameters()], max_norm, pp_group=pp_group)
 
     def _finish_step(self, loss) -> dict:
         """After backward: optimizer (with clipping), step count, EMA; the global-batch loss as floats."""
-        grad_norm = self._optimizer_step()
-        self.step += 1
-        self._update_ema(ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
-        out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
-        if grad_norm is not None:
-            out["grad_norm"] = float(grad_norm)
-        return out
-
-    def _no_sync(self, skip: bool):
-        no_sync = getattr(self.model, "no_sync", None)
-        return no_sync() if skip and no_sync is not None else contextlib.nullcontext()
-
-    def _backward(self, loss):
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-
-    def _optimizer_step(self):
         grad_norm = None
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -226,7 +244,12 @@ class DiTTrainer:
         else:
             self.optimizer.step()
         self.lr_scheduler.step()
-        return grad_norm
+        self.step += 1
+        self.ema.update(ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
+        out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
+        if grad_norm is not None:
+            out["grad_norm"] = float(grad_norm)
+        return out
 
     def _unwrapped(self):
         return getattr(self.model, "module", self.model)
@@ -244,8 +267,7 @@ class DiTTrainer:
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
-        if hasattr(self.schedule_sampler, "state_dict"):
-            state["schedule_sampler"] = self.schedule_sampler.state_dict()
+        state.update(self.objective.state_dict())
         if self.scaler:
             state["grad_scaler"] = self.scaler.state_dict()
         return state
@@ -260,42 +282,28 @@ class DiTTrainer:
             self._loader.load_state_dict(state["data"])
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
-        if "schedule_sampler" in state and hasattr(self.schedule_sampler, "load_state_dict"):
-            self.schedule_sampler.load_state_dict(state["schedule_sampler"])
+        self.objective.load_state_dict(state)
         if self.scaler and "grad_scaler" in state:
             self.scaler.load_state_dict(state["grad_scaler"])
 
     def save_checkpoint(self):
-        """Write model, EMA, optimizer and trainer state for the current step."""
-        if not self.dims.is_main:
-            return None
-        files = {
-            "model.safetensors": self._unwrapped().state_dict(),
-            "ema.safetensors": self.ema.state_dict(),
-            "optimizer.pt": self.optimizer.state_dict(),
-            "trainer_state.pt": self.trainer_state(),
-            "config.yaml": config_yaml(self.cfg),
-        }
-        return ckpt.save_checkpoint(self.cfg.output_dir, self.step, files, keep=self.cfg.checkpoint.save_total_limit)
+        """Write model, EMA, optimizer and trainer state for the current step (all ranks call it)."""
+        return checkpointing.save(self)
 
     def load_checkpoint(self, path) -> None:
-        """Resume from a checkpoint directory written by `save_checkpoint`."""
-        from safetensors.torch import load_file
+        """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
+        checkpointing.load(self, path)
 
-        if (path / "dcp").is_dir():  # sharded, written by a parallel run: DCP reshards it to one process
-            from dit_trainer.parallel.checkpoint import load_sharded
-
-            self.load_trainer_state(load_sharded(path / "dcp", [self._unwrapped()], self.optimizer, self.ema))
-            return
-        ckpt.load_into(self._unwrapped(), load_file(str(path / "model.safetensors")), path / "model.safetensors")
-        ckpt.load_into(self.ema, load_file(str(path / "ema.safetensors")), path / "ema.safetensors")
-        self.optimizer.load_state_dict(ckpt.load_pt(path / "optimizer.pt"))
-        self.load_trainer_state(ckpt.load_pt(path / "trainer_state.pt"))
+    def ema_model(self):
+        """A plain eval-mode model holding the EMA weights on rank 0 (None elsewhere); all ranks call it."""
+        return checkpointing.ema_model(self)
 
     # -- the loop ------------------------------------------------------------------------
 
-    def build_loader(self) -> StepLoader:
+    def build_loader(self):
         """The endless per-rank loader of global-batch shares."""
+        from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
+
         cfg = self.cfg
         dataset = self._dataset if self._dataset is not None else build_dataset(cfg)
         self._dataset = dataset
@@ -309,7 +317,9 @@ class DiTTrainer:
         """Load the newest checkpoint of `output_dir` when resuming is on; returns its path or None."""
         if not self.cfg.checkpoint.resume:
             return None
-        latest = ckpt.latest_checkpoint(self.cfg.output_dir)
+        from dit_trainer.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(self.cfg.output_dir)
         if latest is not None:
             self.load_checkpoint(latest)
         return latest
@@ -358,7 +368,7 @@ class DiTTrainer:
                                f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB")
                 running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), self.step
             # Sharded EMA weights are gathered by every rank, so all of them call in.
-            if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0 and (main or self.dims.is_distributed):
+            if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
                 self.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png")
             if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps:
                 self.save_checkpoint()
@@ -367,21 +377,15 @@ class DiTTrainer:
         return last
 
     def save_sample_grid(self, path, **kwargs):
-        """Draw a grid from the EMA model (one row per class) and save it as a PNG."""
-        from dit_trainer.sample import sample_grid_from_trainer
+        """Draw a grid from the EMA weights (one row per class) with the run's objective; all ranks call it."""
+        from dit_trainer.sample import sample_grid
 
-        return sample_grid_from_trainer(self, path, **kwargs)
-
-
-def _wants_parallel(config) -> bool:
-    import os
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return True
-    try:
-        return bool(as_config(config).checkpoint.sharded)
-    except Exception:  # a bad config fails in __init__ with its own message
-        return False
+        model = self.ema_model()
+        result = None
+        if model is not None:
+            result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
+        checkpointing.barrier()
+        return result
 
 
 def _mkdir(*parts):

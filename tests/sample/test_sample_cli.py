@@ -9,8 +9,8 @@ from dit_trainer.cli import main
 from dit_trainer.config import Config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
-from dit_trainer.train import build_diffusion
-from dit_trainer.train.checkpoint import save_checkpoint
+from dit_trainer.diffusion.objective import diffusion_from_config
+from dit_trainer.checkpoint import save_checkpoint
 
 TINY = {"name": "DiT-S/4", "input_size": 8, "num_classes": 10, "depth": 2, "hidden_size": 64, "num_heads": 4}
 
@@ -95,7 +95,7 @@ def test_cfg_equals_manual_doubling():
         return torch.cat([eps, cond[:, 1:]], dim=1)
 
     noise = torch.randn((n, 1, 8, 8), generator=torch.Generator().manual_seed(5))
-    want = build_diffusion(cfg, "ddim4").ddim_sample_loop(guided, (n, 1, 8, 8), noise=noise, clip_denoised=True,
+    want = diffusion_from_config(cfg, "ddim4").ddim_sample_loop(guided, (n, 1, 8, 8), noise=noise, clip_denoised=True,
                                                          model_kwargs={"y": labels})
     assert torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(got, S.sample_latents(model, cfg, labels, cfg_scale=1.0, sampler="ddim", steps=4, seed=5))

@@ -3,8 +3,8 @@
 Every rank writes its own shards of the model, the EMA and the optimizer; DCP's metadata records
 where each shard sits in the full tensor, so a checkpoint written under one layout (2 ranks of
 FSDP, say) loads under any other (1 rank, or 4 ranks of FSDP x TP). Tensor parallelism regroups
-the rows of `attn.qkv` per rank (see `apply_tp`); checkpoints always hold the released
-[q | k | v] layout, so they never depend on the tp degree they were written with.
+the rows of fused projections per rank (`parallel.tp.regroup_fused_rows`); checkpoints always hold
+the released layout, so they never depend on the tp degree they were written with.
 """
 
 import io
@@ -15,14 +15,14 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 
 from dit_trainer.errors import CheckpointError
-from dit_trainer.parallel.parallelize import qkv_tp_degrees, qkv_to_released_layout, qkv_to_tp_layout
+from dit_trainer.parallel.tp import fused_row_layouts, fused_rows_to_full_layout, fused_rows_to_tp_layout
 from dit_trainer.parallel.utils import full, is_dtensor
 
 
 def _options(**kwargs):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    # Flattened optimizer keys ("state.blocks.3.attn.qkv.weight.exp_avg") do not depend on how
+    # Flattened optimizer keys ("state.blocks.3.attn.proj.weight.exp_avg") do not depend on how
     # parameters are grouped into optimizers, so pipeline layouts can differ between save and load.
     return StateDictOptions(flatten_optimizer_state_dict=True, **kwargs)
 
@@ -33,44 +33,42 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _qkv_keys(model_parts) -> dict:
-    """Parameter FQN -> tp degree for every regrouped qkv weight and bias."""
+def _fused_keys(model_parts) -> dict:
+    """Parameter FQN -> (groups, tp) for every regrouped fused weight and bias."""
     out = {}
     for part in model_parts:
-        for prefix, tp in qkv_tp_degrees(part).items():
-            for leaf in ("weight", "bias"):
-                out[f"{prefix}.{leaf}"] = tp
+        out.update(fused_row_layouts(part))
     return out
 
 
-def _qkv_degree(key: str, qkv: dict):
-    """The tp degree if `key` is a regrouped qkv tensor (model/EMA key or a flattened optimizer state)."""
-    if key in qkv:
-        return qkv[key]
+def _fused_layout(key: str, fused: dict):
+    """(groups, tp) if `key` is a regrouped tensor (model/EMA key or a flattened optimizer state)."""
+    if key in fused:
+        return fused[key]
     if key.startswith("state."):
-        for fqn, tp in qkv.items():
+        for fqn, layout in fused.items():
             if key.startswith(f"state.{fqn}."):
-                return tp
+                return layout
     return None
 
 
-def _relayout(value, tp: int, fn):
+def _relayout(value, layout, fn):
     """Apply a row permutation to the full tensor and re-shard it exactly as it was."""
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
     if not is_dtensor(value):
-        return fn(value, tp)
+        return fn(value, *layout)
     from torch.distributed.tensor import distribute_tensor
 
-    # Gathers one qkv tensor at a time: the peak is one full qkv, not the model.
-    moved = fn(value.full_tensor(), tp)
+    # Gathers one fused tensor at a time: the peak is one full projection, not the model.
+    moved = fn(value.full_tensor(), *layout)
     return distribute_tensor(moved, value.device_mesh, value.placements, src_data_rank=None)
 
 
-def _relayout_all(sd: dict, qkv: dict, fn) -> dict:
-    if not qkv:
+def _relayout_all(sd: dict, fused: dict, fn) -> dict:
+    if not fused:
         return sd
-    return {k: (_relayout(v, t, fn) if (t := _qkv_degree(k, qkv)) else v) for k, v in sd.items()}
+    return {k: (_relayout(v, lay, fn) if (lay := _fused_layout(k, fused)) else v) for k, v in sd.items()}
 
 
 def _groups(model_parts, optimizers):
@@ -112,13 +110,13 @@ def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=Non
     future must be waited on before the next save.
     """
     model_parts = _as_list(model_parts)
-    qkv = _qkv_keys(model_parts)
+    fused = _fused_keys(model_parts)
     model_sd, optim_sd = _state_dicts(model_parts, optimizers)
-    state = {"model": _relayout_all(model_sd, qkv, qkv_to_released_layout)}
+    state = {"model": _relayout_all(model_sd, fused, fused_rows_to_full_layout)}
     if optim_sd:
-        state["optimizer"] = _relayout_all(optim_sd, qkv, qkv_to_released_layout)
+        state["optimizer"] = _relayout_all(optim_sd, fused, fused_rows_to_full_layout)
     if ema is not None:
-        state["ema"] = _relayout_all(ema.state_dict(), qkv, qkv_to_released_layout)
+        state["ema"] = _relayout_all(ema.state_dict(), fused, fused_rows_to_full_layout)
     if trainer_state is not None:
         # One pickled blob: RNG states and counters are the same on every rank (the global batch is
         # drawn identically everywhere), so DCP keeps a single copy whatever the world size.
@@ -138,12 +136,12 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
 
     model_parts = _as_list(model_parts)
     optimizers = _as_list(optimizers)
-    qkv = _qkv_keys(model_parts)
+    fused = _fused_keys(model_parts)
     model_sd, optim_sd = _state_dicts(model_parts, optimizers)
 
     def template(sd):
-        # qkv tensors receive the released layout into scratch copies, converted below.
-        return {k: (v.detach().clone() if _qkv_degree(k, qkv) and isinstance(v, torch.Tensor) else v) for k, v in sd.items()}
+        # Fused tensors receive the released layout into scratch copies, converted below.
+        return {k: (v.detach().clone() if _fused_layout(k, fused) and isinstance(v, torch.Tensor) else v) for k, v in sd.items()}
 
     state = {"model": template(model_sd)}
     if optim_sd:
@@ -158,8 +156,8 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"cannot load sharded checkpoint {path}: {first}") from err
 
-    model_sd = _relayout_all(state["model"], qkv, qkv_to_tp_layout)
-    optim_sd = _relayout_all(state.get("optimizer", {}), qkv, qkv_to_tp_layout)
+    model_sd = _relayout_all(state["model"], fused, fused_rows_to_tp_layout)
+    optim_sd = _relayout_all(state.get("optimizer", {}), fused, fused_rows_to_tp_layout)
     for module, optimizer, strip in _groups(model_parts, optimizers):
         # Keys back in the module's own naming (ModuleList index included when stages share an optimizer).
         own = {}
@@ -177,7 +175,7 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         else:
             set_model_state_dict(module, part_model, options=_options())
     if ema is not None:
-        ema.load_state_dict(_relayout_all(state["ema"], qkv, qkv_to_tp_layout))
+        ema.load_state_dict(_relayout_all(state["ema"], fused, fused_rows_to_tp_layout))
     trainer = state.get("trainer")
     if isinstance(trainer, io.BytesIO):
         # DCP fills the buffer with what save_sharded pickled: counters, RNG states, plain containers.
@@ -200,10 +198,10 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
 
     path = Path(path)
     model_parts = _as_list(model_parts)
-    qkv = _qkv_keys(model_parts)
+    fused = _fused_keys(model_parts)
 
     def to_tp(sd):
-        return {k: (qkv_to_tp_layout(v, qkv[k]) if k in qkv else v) for k, v in sd.items()}
+        return {k: (fused_rows_to_tp_layout(v, *fused[k]) if k in fused else v) for k, v in sd.items()}
 
     full = StateDictOptions(full_state_dict=True, strict=False)
     model_sd = to_tp(load_file(str(path / "model.safetensors")))
@@ -215,14 +213,15 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
         ema.load_state_dict({k: v for k, v in ema_sd.items() if k in ema.shadow}, strict=False)
     if optimizer is None or not (path / "optimizer.pt").is_file():
         return
-    from dit_trainer.train.checkpoint import load_pt
+    from dit_trainer.checkpoint.files import load_pt
 
     osd = load_pt(path / "optimizer.pt")
     names = _full_trainable_names(path)
     state = {}
     for idx, st in osd["state"].items():
         fqn = names[int(idx)]
-        state[fqn] = {k: (qkv_to_tp_layout(v, qkv[fqn]) if fqn in qkv and torch.is_tensor(v) and v.dim() else v) for k, v in st.items()}
+        state[fqn] = {k: (fused_rows_to_tp_layout(v, *fused[fqn]) if fqn in fused and torch.is_tensor(v) and v.dim() else v)
+                      for k, v in st.items()}
     groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in osd["param_groups"]]
     for module, opt, strip in _groups(model_parts, optimizer):
         own = {(_strip(n) if strip else n): n for n, _ in module.named_parameters()}
@@ -250,12 +249,12 @@ def _full_trainable_names(path) -> list:
 
 def gather_full(tensors: dict, model_parts, dims=None) -> dict:
     """Full tensors in the released layout on global rank 0 (every rank must call it); {} elsewhere."""
-    qkv = _qkv_keys(_as_list(model_parts))
+    fused = _fused_keys(_as_list(model_parts))
     out = {}
     for key, value in tensors.items():
         value = full(value.detach())
-        if key in qkv:
-            value = qkv_to_released_layout(value, qkv[key])
+        if key in fused:
+            value = fused_rows_to_full_layout(value, *fused[key])
         out[key] = value.cpu().contiguous()
     if dims is not None and dims.pp_enabled:
         # Each stage holds its own blocks; the first data/tensor-parallel rank of each stage sends them.

@@ -1,4 +1,4 @@
-"""Feeding the trainer: dataset from config, and a batch sampler that resumes mid-epoch.
+"""Feeding a training loop: the dataset a config names, and a batch sampler that resumes mid-epoch.
 
 Each optimizer step consumes one global batch: the indices `perm[b*G:(b+1)*G]` of epoch `e`,
 where `perm` is a permutation seeded by (seed, e). A data-parallel rank takes its contiguous

@@ -163,7 +163,8 @@ class DiT(nn.Module):
     def unpatchify(self, x):
         """(B, N, p*p*C) tokens back to (B, C, H, W) images."""
         c = self.out_channels
-        p = self.x_embedder.patch_size[0]
+        # self.patch_size, not the embedder's: a later pipeline stage holds no embedder.
+        p = self.patch_size
         h = w = int(x.shape[1] ** 0.5)
         x = x.reshape(x.shape[0], h, w, p, p, c)
         x = torch.einsum("nhwpqc->nchpwq", x)

@@ -1,0 +1,60 @@
+"""DiT's parallel plan: which modules tensor parallelism splits, where pipeline stages cut, and
+which units activation checkpointing, compile and FSDP wrap. The machinery is `parallel/`'s."""
+
+import torch.nn as nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from dit_trainer.errors import ConfigError
+from dit_trainer.parallel.parallelize import parallelize_units
+from dit_trainer.parallel.pipeline import build_pipeline, prune_to_stage
+from dit_trainer.parallel.tp import apply_tp_plan, regroup_fused_rows
+
+# Column-wise in, row-wise out: one all-reduce per attention and per MLP. Embedders, adaLN
+# modulation and the final layer stay replicated: they act on the (B, D) conditioning vector or
+# on cheap per-token maps, so sharding them would save little and add collectives.
+TP_PLAN = {
+    "attn.qkv": ColwiseParallel(),
+    "attn.proj": RowwiseParallel(),
+    "mlp.fc1": ColwiseParallel(),
+    "mlp.fc2": RowwiseParallel(),
+}
+# Only the first pipeline stage embeds, only the last one runs the final layer.
+FIRST_STAGE_ONLY = ("x_embedder", "t_embedder", "y_embedder", "pos_embed")
+LAST_STAGE_ONLY = ("final_layer",)
+
+
+def units(model: nn.Module) -> list:
+    """The repeated blocks of a full model or of a pipeline stage (a ModuleDict by index)."""
+    blocks = model.blocks
+    return list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
+
+
+def apply_tp(model: nn.Module, tp_mesh) -> None:
+    """Split attention heads and MLP width over `tp_mesh`, each rank holding whole heads."""
+    tp = tp_mesh.size()
+    blocks = units(model)
+    for block in blocks:
+        heads = block.attn.qkv.out_features // 3 // block.attn.head_dim
+        if heads % tp or block.mlp.fc1.out_features % tp:
+            raise ConfigError(
+                f"parallel.tp={tp} does not divide the {heads} attention heads and "
+                f"{block.mlp.fc1.out_features} MLP channels; pick a divisor of {heads}"
+            )
+        # The fused [q | k | v] rows are regrouped so each rank's shard holds whole q, k and v heads.
+        regroup_fused_rows(block.attn.qkv, 3, tp)
+    apply_tp_plan(blocks, tp_mesh, TP_PLAN)
+
+
+def parallelize_dit(model: nn.Module, dims, cfg, param_dtype=None) -> nn.Module:
+    """TP -> AC -> compile -> FSDP/DDP over DiT's blocks (a no-op on one process without AC/compile)."""
+    return parallelize_units(model, units(model), dims, cfg, tp_fn=apply_tp, param_dtype=param_dtype)
+
+
+def split_stage(model: nn.Module, start: int, end: int, first: bool, last: bool) -> nn.Module:
+    """Prune `model` in place to blocks [start, end), keeping the full model's parameter names."""
+    return prune_to_stage(model, "blocks", start, end, first, last, FIRST_STAGE_ONLY, LAST_STAGE_ONLY)
+
+
+def pipeline_dit(model: nn.Module, dims, cfg, loss_fn, device=None, parallelize_fn=None):
+    """This rank's stages of DiT and the schedule: (schedule, parts, has_first, has_last)."""
+    return build_pipeline(model, dims, cfg, len(model.blocks), split_stage, loss_fn, device, parallelize_fn)

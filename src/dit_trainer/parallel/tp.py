@@ -1,0 +1,51 @@
+"""Tensor parallelism: apply a family's plan to its units, and keep fused projections shardable.
+
+A fused projection whose output rows are laid out `[a | b | c]` (attention's q, k and v in one
+Linear, say) cannot be column-sharded as is: rank 0 would get all of `a` and part of `b`. Its rows
+are regrouped to `[a_0 b_0 c_0 | a_1 b_1 c_1 | ...]` so each rank's contiguous shard holds whole
+pieces of each. The module remembers this, and checkpoints convert back to the released layout.
+"""
+
+import torch
+import torch.nn as nn
+
+# Set on each Linear whose rows were regrouped: (number of fused pieces, tp degree).
+FUSED_ROWS_ATTR = "_tp_fused_rows"
+
+
+def fused_rows_to_tp_layout(t: torch.Tensor, groups: int, tp: int) -> torch.Tensor:
+    """Rows [a | b | c] -> [a_0 b_0 c_0 | a_1 b_1 c_1 | ...]: one shard of every piece per rank."""
+    return t.reshape(groups, tp, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def fused_rows_to_full_layout(t: torch.Tensor, groups: int, tp: int) -> torch.Tensor:
+    """Inverse of `fused_rows_to_tp_layout`: what checkpoints and released weights hold."""
+    return t.reshape(tp, groups, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+@torch.no_grad()
+def regroup_fused_rows(linear: nn.Linear, groups: int, tp: int) -> None:
+    """Regroup a fused Linear's rows (weight and bias) for column sharding over `tp` ranks."""
+    linear.weight.copy_(fused_rows_to_tp_layout(linear.weight, groups, tp))
+    if linear.bias is not None:
+        linear.bias.copy_(fused_rows_to_tp_layout(linear.bias, groups, tp))
+    setattr(linear, FUSED_ROWS_ATTR, (groups, tp))
+
+
+def fused_row_layouts(model: nn.Module) -> dict:
+    """Parameter FQN -> (groups, tp) for every regrouped weight and bias of `model`."""
+    out = {}
+    for name, module in model.named_modules():
+        layout = getattr(module, FUSED_ROWS_ATTR, None)
+        if layout is not None:
+            for leaf in ("weight", "bias"):
+                out[f"{name}.{leaf}"] = layout
+    return out
+
+
+def apply_tp_plan(units, tp_mesh, plan: dict) -> None:
+    """`parallelize_module` each unit with `plan` (submodule path -> ParallelStyle)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for unit in units:
+        parallelize_module(unit, tp_mesh, plan)

@@ -1,0 +1,54 @@
+"""Images to files: PNG grids and ADM-style `.npz` batches."""
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dit_trainer.errors import ConfigError
+
+
+def to_uint8(images) -> np.ndarray:
+    """uint8 N×H×W×C from float N×C×H×W images in [-1, 1] (uint8 arrays pass through as N×H×W×C)."""
+    if isinstance(images, np.ndarray) and images.dtype == np.uint8:
+        return images if images.ndim == 4 else images[None]
+    x = torch.as_tensor(images).detach().cpu()
+    if x.dim() == 3:
+        x = x.unsqueeze(0)
+    if x.dtype != torch.uint8:
+        x = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def save_grid(images, path, nrow=8, padding=2):
+    """Write images as one PNG, `nrow` per row with black `padding` (torchvision's make_grid layout)."""
+    from PIL import Image
+
+    arr = to_uint8(images)
+    n, h, w, c = arr.shape
+    if c not in (1, 3):
+        raise ConfigError(f"cannot save {c}-channel images; decode latents through their VAE first")
+    cols = max(1, min(int(nrow), n))
+    rows = math.ceil(n / cols)
+    grid = np.zeros((rows * (h + padding) + padding, cols * (w + padding) + padding, c), dtype=np.uint8)
+    for i, img in enumerate(arr):
+        top, left = padding + (i // cols) * (h + padding), padding + (i % cols) * (w + padding)
+        grid[top:top + h, left:left + w] = img
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Grayscale stays single-channel ("L"): the digits demo's classifier reads it back as such.
+    Image.fromarray(grid[..., 0] if c == 1 else grid).save(path)
+    return path
+
+
+def save_npz(path, images: np.ndarray, labels: np.ndarray):
+    """Write arr_0 (images) and arr_1 (labels) to `path` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz" to the name
+        np.savez(f, arr_0=images, arr_1=labels.astype(np.int64))
+    os.replace(tmp, path)
+    return path

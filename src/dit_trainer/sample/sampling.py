@@ -1,0 +1,160 @@
+"""Class-conditional sampling from any objective, with classifier-free guidance.
+
+Sampling follows facebookresearch/DiT's sample.py: EMA weights, classifier-free guidance on a
+doubled batch (labels then null labels) through `model.forward_with_cfg`; the loop itself is the
+objective's (DDPM/DDIM for diffusion, ODE/SDE for transport). The training-time grid is drawn
+from here too, with what the trainer passes (EMA model, objective, classes), never the trainer.
+"""
+
+import contextlib
+import copy
+import math
+
+import numpy as np
+import torch
+
+from dit_trainer.class_names import dataset_class_names, resolve_labels
+from dit_trainer.errors import ConfigError
+from dit_trainer.sample.decode import load_decoder, to_images
+from dit_trainer.sample.images import save_grid, save_npz, to_uint8
+
+# The classes facebookresearch/DiT's sample.py draws by default.
+IMAGENET_DEMO_LABELS = [207, 360, 387, 974, 88, 979, 417, 279]
+
+
+def has_null_class(model) -> bool:
+    """Whether the model learned the null label that classifier-free guidance needs."""
+    table = getattr(getattr(model, "y_embedder", None), "embedding_table", None)
+    return table is None or table.num_embeddings > model.num_classes
+
+
+@contextlib.contextmanager
+def _private_rng(seed: int, device: torch.device):
+    # The diffusion loops draw their per-step noise from the global RNG. Forking it gives them a
+    # seeded stream and hands the caller (the trainer's resumable RNG state) back untouched.
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
+
+
+def as_objective(objective_or_cfg, model):
+    """The objective to sample with: an `Objective` as is, or built from a config.
+
+    A `Config`, a `DiffusionConfig` or None (the defaults) is accepted; the model's own
+    `learn_sigma` decides whether a learned sigma is there to read.
+    """
+    from dit_trainer.config import Config, DiffusionConfig, as_config
+    from dit_trainer.objective import Objective, build_objective
+
+    if isinstance(objective_or_cfg, Objective):
+        return objective_or_cfg
+    if objective_or_cfg is None or isinstance(objective_or_cfg, DiffusionConfig):
+        cfg = Config()
+        cfg.diffusion = objective_or_cfg or DiffusionConfig()
+    else:
+        cfg = copy.deepcopy(as_config(objective_or_cfg))
+    cfg.model.learn_sigma = bool(getattr(model, "learn_sigma", cfg.model.learn_sigma))
+    return build_objective(cfg)
+
+
+def guided_model_fn(model, y, cfg_scale=4.0, cfg_channels=None):
+    """(model_fn, model_kwargs, doubled): the model with classifier-free guidance on a doubled batch.
+
+    With guidance the batch holds the labels then as many null labels; `doubled` says so.
+    """
+    y = torch.as_tensor(y)
+    if float(cfg_scale) == 1.0:
+        return model, {"y": y}, False
+    if not has_null_class(model):
+        raise ConfigError("this model was trained without label dropout, so it has no null class; use --cfg-scale 1")
+    kwargs = {"y": torch.cat([y, torch.full_like(y, model.num_classes)]), "cfg_scale": float(cfg_scale)}
+    if cfg_channels is not None:
+        kwargs["cfg_channels"] = int(cfg_channels)
+    return model.forward_with_cfg, kwargs, True
+
+
+@torch.no_grad()
+def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None, steps=50, seed=0,
+                   device="cpu", cfg_channels=None, progress=False, **options):
+    """Samples in the model's space (latents, or pixels) for `labels`: float N×C×H×W.
+
+    `objective_or_cfg` is an `Objective` or a config to build one from; `sampler` defaults to the
+    objective's (DDIM for diffusion). `options` go to the objective's sampler (`clip_denoised`
+    for diffusion, solver settings for transport).
+    """
+    device = torch.device(device)
+    objective = as_objective(objective_or_cfg, model)
+    y = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if len(y) == 0:
+        raise ConfigError("no class labels to sample; pass --class-labels or --class-names")
+    if int(y.min()) < 0 or int(y.max()) >= model.num_classes:
+        raise ConfigError(f"class labels must lie in 0..{model.num_classes - 1}, got {y.tolist()}")
+    n, channels, size = len(y), model.in_channels, model.input_size
+    generator = torch.Generator().manual_seed(int(seed))  # CPU: the same images on every device
+    z = torch.randn((n, channels, size, size), generator=generator).to(device)
+    step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    fn, kwargs, doubled = guided_model_fn(model, y.to(device), cfg_scale, cfg_channels)
+    if doubled:
+        z = torch.cat([z, z])
+    was_training = model.training
+    model.eval()  # in train mode the label embedder would drop labels at random
+    try:
+        with _private_rng(step_seed, device):
+            out = objective.sample(fn, z, sampler=sampler, steps=steps, model_kwargs=kwargs, progress=progress, **options)
+    finally:
+        model.train(was_training)
+    return out[:n].float()
+
+
+def default_classes(num_classes: int, count: int = 10) -> list:
+    """Up to `count` class ids spread evenly over 0..num_classes-1."""
+    k = max(1, min(count, num_classes))
+    return sorted({round(i * (num_classes - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
+
+
+def sample_npz(model, cfg, path, num_samples, batch_size, labels=None, decoder=(None, None, None), seed=0, **kwargs):
+    """ADM-style FID batch at `path`: arr_0 uint8 N×H×W×3, arr_1 int64 labels (uniform unless `labels`)."""
+    if num_samples < 1 or batch_size < 1:
+        raise ConfigError(f"--num-samples {num_samples} and --batch-size {batch_size} must be positive")
+    generator = torch.Generator().manual_seed(int(seed))
+    if labels:
+        y_all = torch.tensor(list(labels), dtype=torch.long).repeat(math.ceil(num_samples / len(labels)))[:num_samples]
+    else:
+        y_all = torch.randint(0, model.num_classes, (num_samples,), generator=generator)
+    from tqdm.auto import tqdm
+
+    arr = None
+    starts = range(0, num_samples, batch_size)
+    for start in tqdm(starts, desc="sample", disable=not kwargs.pop("progress", False), dynamic_ncols=True):
+        y = y_all[start:start + batch_size]
+        batch_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        images = to_uint8(to_images(sample_latents(model, cfg, y, seed=batch_seed, **kwargs), *decoder))
+        if images.shape[-1] == 1:
+            images = np.repeat(images, 3, axis=-1)  # FID evaluators expect RGB
+        if arr is None:
+            arr = np.empty((num_samples, *images.shape[1:]), dtype=np.uint8)
+        arr[start:start + len(y)] = images
+    return save_npz(path, arr, y_all.numpy())
+
+
+def sample_grid(model, objective, cfg, path, device="cpu", classes=None, per_class=None, steps=None, cfg_scale=None):
+    """A grid from `model` (the EMA weights during training), one row per class, written to `path`.
+
+    The same seed every time shows the model's progress on fixed noise; sampling uses its own
+    generator and a forked global RNG, so a training run's randomness is untouched.
+    """
+    log = cfg.logging
+    if classes is None:
+        classes = log.sample_classes or default_classes(model.num_classes)
+    classes = resolve_labels(classes, dataset_class_names(cfg, model.num_classes), model.num_classes)
+    per_class = int(per_class or log.samples_per_class)
+    scale = log.sample_cfg_scale if cfg_scale is None else cfg_scale
+    if not has_null_class(model):
+        scale = 1.0  # guidance needs the null class that label dropout trains
+    samples = sample_latents(model, objective, [c for c in classes for _ in range(per_class)], cfg_scale=scale,
+                             steps=int(steps or log.sample_steps), seed=cfg.train.seed, device=device)
+    images = to_images(samples, *load_decoder(cfg, device=device), strict=False)
+    return save_grid(images, path, nrow=per_class)

@@ -1,0 +1,81 @@
+"""Typed values from YAML and the command line: the coercion every config dataclass shares.
+
+Kept apart from `config.py` so that model families can declare their own config dataclasses
+(validated the same way) without importing the whole config.
+"""
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Union
+
+import yaml
+
+from dit_trainer.errors import ConfigError
+
+
+def coerce(value: Any, tp, key: str):
+    """Convert a YAML or command-line value to the field's declared type."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
+            return None
+        return coerce(value, args[0], key)
+    if tp is Any:
+        return value
+    if origin is list or tp is list:
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.replace(",", " ").split()]
+            value = [yaml.safe_load(v) if isinstance(v, str) else v for v in value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key {key!r} needs a list, got {value!r}")
+        return list(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"config key {key!r} needs true or false, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"config key {key!r} needs a number, got {value!r}")
+        try:
+            num = float(value) if isinstance(value, str) else value
+            if tp is int:
+                if float(num) != int(float(num)):
+                    raise ValueError
+                return int(float(num))
+            return float(num)
+        except (TypeError, ValueError):
+            raise ConfigError(f"config key {key!r} needs {tp.__name__}, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"config key {key!r} needs a string, got {value!r}")
+        return str(value)
+    return value
+
+
+
+def closest_key_error(key: str, candidates) -> ConfigError:
+    """An unknown-key error naming the closest valid key, or listing the valid ones."""
+    candidates = list(candidates)
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(candidates)}"
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
+def build_dataclass(cls, values: dict, prefix: str = ""):
+    """`cls(**values)` with each value coerced to its field's type; unknown keys name the closest one."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise closest_key_error(prefix + key, [prefix + n for n in fields])
+        kwargs[key] = coerce(value, fields[key].type, prefix + key)
+    return cls(**kwargs)

@@ -1,0 +1,37 @@
+"""DiT's parallel plan in-process: pipeline stages compose to the model, names survive."""
+
+import copy
+
+import torch
+
+from dit_trainer.models import DiT
+from dit_trainer.models.dit.parallelize import split_stage, units
+
+
+def _tiny(**kw):
+    torch.manual_seed(0)
+    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=3, num_heads=4, num_classes=10, **kw)
+    for p in model.parameters():  # leave adaLN-Zero's identity start so that gradients are non-trivial
+        torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
+def test_pipeline_stages_compose_to_the_model():
+    full = _tiny()
+    g = torch.Generator().manual_seed(2)
+    x, t, y = torch.randn(2, 4, 8, 8, generator=g), torch.tensor([5, 50]), torch.tensor([3, 4])
+    drop = torch.tensor([0, 1])
+    ref = full(x, t, y, force_drop_ids=drop)
+    first = split_stage(copy.deepcopy(full), 0, 2, first=True, last=False)
+    last = split_stage(copy.deepcopy(full), 2, 3, first=False, last=True)
+    assert {n for n, _ in first.named_parameters()} | {n for n, _ in last.named_parameters()} == {
+        n for n, _ in full.named_parameters()
+    }
+    assert torch.equal(last(*first(x, t, y, drop)), ref)
+
+
+
+def test_stage_units_keep_their_original_indices():
+    stage = split_stage(_tiny(), 1, 3, first=False, last=True)
+    assert list(stage.blocks) == ["1", "2"] and len(units(stage)) == 2
+    assert not hasattr(stage, "x_embedder") and hasattr(stage, "final_layer")
