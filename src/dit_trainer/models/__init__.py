@@ -10,13 +10,12 @@ from dit_trainer.models.spec import ModelSpec, get_spec, list_specs, register_sp
 
 FAMILIES = (
     "dit_trainer.models.dit",
+    "dit_trainer.models.large_dit",
 )
 for _family in FAMILIES:
     importlib.import_module(_family)
 
 from dit_trainer.models.dit import DiT, DiT_models, DiTBlock, FinalLayer, LabelEmbedder, TimestepEmbedder, modulate  # noqa: E402
-
-import dit_trainer.models.large_dit  # noqa: E402,F401  registers the Large-DiT specs
 
 __all__ = [
     "DiT",

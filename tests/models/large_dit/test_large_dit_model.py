@@ -5,6 +5,7 @@ import torch
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
+from dit_trainer.models.spec import family_options
 from dit_trainer.models.large_dit import SIZES, DiT_Llama, swiglu_hidden
 from dit_trainer.models.large_dit.layers import apply_rope, rope_cos_sin
 
@@ -216,6 +217,7 @@ def test_registry_names_and_overrides():
     assert (model.dim, len(model.layers), model.n_heads, model.num_classes) == (32, 1, 2, 3)
     assert (model.in_channels, model.out_channels, model.learn_sigma) == (2, 2, False)
     with pytest.raises(ConfigError, match="depth"):
-        get_spec("LargeDiT-600M/2").build_model_fn({"depth": 4})
+        family_options("LargeDiT-600M/2", {"depth": 4})  # a DiT key in a Large-DiT config
+    assert family_options("dit_llama_600m_patch2", {"n_kv_heads": "8", "qk_norm": "true"}) == {"n_kv_heads": 8, "qk_norm": True}
     with pytest.raises(ConfigError, match="n_kv_heads"):
         get_spec("LargeDiT-600M/2").build_model_fn({"dim": 64, "n_heads": 4, "n_kv_heads": 3})

@@ -1,16 +1,15 @@
-"""Large-DiT (DiT-LLaMA) family: the model, its config, and its registry entries.
+"""The Large-DiT family (DiT-LLaMA, Alpha-VLLM): model, options, parallel plan and state-dict
+adapter, registered as `LargeDiT-<size>/2` and under the release's names (`DiT_Llama_<size>_patch2`).
 
-Each size is registered as `LargeDiT-<size>/2` and under the release's function name
-(`DiT_Llama_<size>_patch2`). Size fields can be overridden from `cfg.model` (`dim`,
-`n_layers`, `n_heads`, ...) to build small members of the family for tests and demos.
+Size fields can be overridden from `cfg.model` (`dim`, `n_layers`, `n_heads`, ...) to build small
+members of the family for tests and demos.
 """
 
-import dataclasses
-
-from dit_trainer.models.large_dit.config import LargeDiTConfig, large_dit_kwargs
+from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
 from dit_trainer.models.large_dit.layers import swiglu_hidden
 from dit_trainer.models.large_dit.model import DiT_Llama
-from dit_trainer.models.spec import ModelSpec, register_spec
+from dit_trainer.models.large_dit.state_dict import LargeDiTStateDictAdapter
+from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
 
 # (dim, n_layers, n_heads) of the release's three sizes, all with 2×2 patches.
 SIZES = {"600M": (1536, 16, 32), "3B": (3072, 32, 32), "7B": (4096, 32, 32)}
@@ -35,24 +34,37 @@ DiT_Llama_7B_patch2 = DiT_Llama_models["LargeDiT-7B/2"]
 
 def build_large_dit(cfg, size):
     """A DiT_Llama of `size` from a Config, a ModelConfig or a mapping (family keys override)."""
-    dim, n_layers, n_heads = SIZES[size]
-    return DiT_Llama(**large_dit_kwargs(cfg, {"patch_size": 2, "dim": dim, "n_layers": n_layers, "n_heads": n_heads}))
+    shared, family = build_kwargs(cfg, LargeDiTConfig)
+    options = dict(vars(family))
+    for key, value in zip(("dim", "n_layers", "n_heads"), SIZES[size]):
+        if options[key] is None:  # None keeps the named size's value
+            options[key] = value
+    check_sizes(options["dim"], options["n_heads"], options["n_kv_heads"])
+    return DiT_Llama(**shared, **options)
 
 
-def _spec(name, size):
-    fields = {f.name for f in dataclasses.fields(ModelSpec)}
-    extra = {}
-    # The redesigned ModelSpec carries the family and its config dataclass; pass them once it does.
-    if "family" in fields:
-        extra["family"] = "large_dit"
-    if "config_cls" in fields:
-        extra["config_cls"] = LargeDiTConfig
-    return ModelSpec(name=name, build_model_fn=lambda cfg, size=size: build_large_dit(cfg, size), **extra)
+def _plan(name):
+    # The plan imports torch.distributed; load it when a run asks for it, not with the model.
+    def call(*args, **kwargs):
+        from dit_trainer.models.large_dit import parallelize
+
+        return getattr(parallelize, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
 
 
 def _register():
     for size in SIZES:
-        spec = _spec(f"LargeDiT-{size}/2", size)
+        spec = ModelSpec(
+            name=f"LargeDiT-{size}/2",
+            family="large_dit",
+            build_model_fn=lambda cfg, size=size: build_large_dit(cfg, size),
+            config_cls=LargeDiTConfig,
+            parallelize_fn=_plan("parallelize_large_dit"),
+            pipelining_fn=_plan("pipeline_large_dit"),
+            state_dict_adapter=LargeDiTStateDictAdapter(),
+        )
         register_spec(spec.name, spec)
         register_spec(f"DiT_Llama_{size}_patch2", spec)
 
@@ -66,6 +78,7 @@ __all__ = [
     "DiT_Llama_3B_patch2",
     "DiT_Llama_7B_patch2",
     "LargeDiTConfig",
+    "LargeDiTStateDictAdapter",
     "SIZES",
     "build_large_dit",
     "swiglu_hidden",
