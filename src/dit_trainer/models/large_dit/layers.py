@@ -56,8 +56,8 @@ class QKNorm(nn.LayerNorm):
 
 
 def _replicate_partial(t):
-    # Left Partial, DTensor would turn the sharded operand of the next op Partial too, which
-    # gathers the whole activation; all-reducing the per-token statistic keeps it sharded.
+    # Left Partial, DTensor would redistribute the large sharded operand of the next op to match
+    # it (and its backward cannot); all-reducing the small per-token statistic keeps q/k sharded.
     return t.redistribute(placements=[Replicate() if p.is_partial() else p for p in t.placements])
 
 
