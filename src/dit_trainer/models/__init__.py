@@ -11,6 +11,7 @@ from dit_trainer.models.spec import ModelSpec, get_spec, list_specs, register_sp
 FAMILIES = (
     "dit_trainer.models.dit",
     "dit_trainer.models.sit",
+    "dit_trainer.models.large_dit",
 )
 for _family in FAMILIES:
     importlib.import_module(_family)

@@ -1,0 +1,33 @@
+"""The Large-DiT family's own model options (the `model:` keys beyond those every family shares)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+from dit_trainer.errors import ConfigError
+
+
+@dataclass
+class LargeDiTConfig:
+    """Options of a DiT-LLaMA. Size fields left None keep the named size's value (LargeDiT-7B/2:
+    dim 4096, 32 layers, 32 heads); the rest default to the release's values."""
+
+    dim: Optional[int] = None
+    n_layers: Optional[int] = None
+    n_heads: Optional[int] = None
+    n_kv_heads: Optional[int] = None  # None: as many kv heads as query heads (no GQA)
+    multiple_of: int = 256  # SwiGLU hidden width is rounded up to a multiple of this
+    ffn_dim_multiplier: Optional[float] = None
+    norm_eps: float = 1e-5
+    qk_norm: bool = False  # the release's bf16 recipe (its 7B checkpoint) turns this on
+    patch_size: int = 2
+
+
+def check_sizes(dim: int, n_heads: int, n_kv_heads: Optional[int]) -> None:
+    """One-line ConfigErrors for head counts the attention cannot split."""
+    if dim % n_heads:
+        raise ConfigError(f"model.dim {dim} is not divisible by model.n_heads {n_heads}")
+    if (dim // n_heads) % 2:
+        raise ConfigError(f"model.dim / model.n_heads = {dim // n_heads} must be even for rotary embeddings")
+    kv = n_heads if n_kv_heads is None else n_kv_heads
+    if kv < 1 or n_heads % kv:
+        raise ConfigError(f"model.n_heads {n_heads} is not a multiple of model.n_kv_heads {kv}")
