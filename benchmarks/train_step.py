@@ -98,6 +98,9 @@ def make_config(args, variant: dict) -> dict:
     for key in ("depth", "hidden_size", "num_heads"):
         if getattr(args, key) is not None:
             model[key] = getattr(args, key)
+    for item in args.model_option or []:
+        key, _, value = item.partition("=")
+        model[key] = value
     return {
         "output_dir": os.path.join(tempfile.gettempdir(), "dit-bench-train-step"),
         "model": model,
@@ -284,6 +287,8 @@ def memory_in_fresh_process(args, variant: dict) -> dict:
     for key in ("depth", "hidden_size", "num_heads"):
         if getattr(args, key) is not None:
             cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    for item in args.model_option or []:
+        cmd += ["--model-option", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     for line in proc.stdout.splitlines():
         if line.startswith("MEM "):
@@ -311,6 +316,8 @@ def main():
     ap.add_argument("--depth", type=int, default=None, help="override the model's depth")
     ap.add_argument("--hidden-size", type=int, default=None, help="override the model's hidden size")
     ap.add_argument("--num-heads", type=int, default=None, help="override the model's head count")
+    ap.add_argument("--model-option", action="append", metavar="KEY=VALUE",
+                    help="a family option of the model section, e.g. dim=384 for Large-DiT (repeatable)")
     ap.add_argument("--input-size", type=int, default=32, help="latent side (default: %(default)s)")
     ap.add_argument("--in-channels", type=int, default=4)
     ap.add_argument("--num-classes", type=int, default=1000)

@@ -25,15 +25,24 @@ class TinyLatents(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def tiny_config(out, parallel=None, objective="diffusion", **sections):
+# The tiny member of each family the layouts train: (objective, model section).
+TINY_MODELS = {
+    "dit": ("diffusion", {"name": "DiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4}),
+    "sit": ("transport", {"name": "SiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4}),
+    # Grouped kv heads and q/k norms: the parts of Large-DiT's plan that DiT's does not have.
+    "ldit": ("diffusion", {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2,
+                           "qk_norm": True}),
+}
+
+
+def tiny_config(out, parallel=None, kind="dit", **sections):
     """Depth 4, hidden 64, 4 heads, 8x8x4 latents, 10 classes; global batch 8; checkpoints at 5 and 10."""
     d = {
         "output_dir": str(out),
-        "objective": objective,
+        "objective": TINY_MODELS[kind][0],
         # SiT runs: the logit-normal t of SD3, so a layout that drew t differently would show.
         "transport": {"t_sampler": "logit-normal"},
-        "model": {"name": "SiT-S/2" if objective == "transport" else "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10,
-                  "depth": 4, "hidden_size": 64, "num_heads": 4},
+        "model": {"input_size": 8, "in_channels": 4, "num_classes": 10, **TINY_MODELS[kind][1]},
         "data": {"num_workers": 0},
         # A clip norm that never clips makes every step log its gradient norm: AdamW is blind to a
         # constant gradient scale, so the norm is what shows a sum where a mean belongs (pytorch#162338).
@@ -72,14 +81,17 @@ LAYOUTS_4 = {
     "tp_replicate": {"tp": 2, "dp_replicate": 2, "dp_shard": 1},
     "pp_replicate": {"pp": 2, "dp_replicate": 2, "dp_shard": 1, "pp_microbatches": 2},
 }
-# SiT (the transport objective) under the sharded layouts, against its own 1-process run.
-LAYOUTS_SIT = {"sit_fsdp": LAYOUTS_2["fsdp"], "sit_tp": LAYOUTS_2["tp"], "sit_pp": LAYOUTS_2["pp_1f1b"]}
-LAYOUTS_2.update(LAYOUTS_SIT)
+# SiT (the transport objective) and Large-DiT under the sharded layouts, each against its own
+# 1-process run ("sit_reference", "ldit_reference").
+LAYOUTS_2.update({f"{kind}_{name}": LAYOUTS_2[src] for kind in ("sit", "ldit")
+                  for name, src in (("fsdp", "fsdp"), ("tp", "tp"), ("pp", "pp_1f1b"))})
+LAYOUTS_4["ldit_fsdp_tp"] = LAYOUTS_4["fsdp_tp"]
 
 
-def objective_of(layout: str) -> str:
-    """The objective a layout's run trains."""
-    return "transport" if layout.startswith("sit") else "diffusion"
+def kind_of(layout: str) -> str:
+    """Which tiny model a layout's run trains: "dit", "sit" or "ldit"."""
+    head = layout.split("_")[0]
+    return head if head in TINY_MODELS else "dit"
 
 
 # Activation checkpointing rides along on two layouts (it must not change a single bit).

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, objective_of, tiny_config  # noqa: E402
+from _common import LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, kind_of, tiny_config  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def main():
     layouts = {**LAYOUTS_2, **LAYOUTS_4}
     out = Path(args.out)
     for name in filter(None, args.layouts.split(",")):
-        cfg = tiny_config(out / name, layouts[name], objective=objective_of(name), train=LAYOUT_TRAIN.get(name, {}))
+        cfg = tiny_config(out / name, layouts[name], kind=kind_of(name), train=LAYOUT_TRAIN.get(name, {}))
         DiTTrainer(cfg, dataset=TinyLatents()).train()
     for item in filter(None, args.resume.split(",")):
         name, src = item.split("=")
@@ -36,7 +36,7 @@ def main():
             (run / "checkpoints").mkdir(parents=True)
             shutil.copytree(src, run / "checkpoints" / Path(src).name)
         dist.barrier()
-        DiTTrainer(tiny_config(run, layouts[name]), dataset=TinyLatents()).train()
+        DiTTrainer(tiny_config(run, layouts[name], kind=kind_of(name)), dataset=TinyLatents()).train()
     dist.destroy_process_group()
 
 

@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, launch, objective_of, read_losses, tiny_config
+from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, launch, kind_of, read_losses, tiny_config
 
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).parent / "_worker.py"
 # Step-5 checkpoints continued under other layouts: (layout, source run). 2-rank DCP shards, and
 # the 1-process full files (optimizer keyed by position) under interleaved PP x TP.
-RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_interleaved_tp", "reference")]
+RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_interleaved_tp", "reference"),
+            ("ldit_fsdp_tp", "ldit_tp")]
 RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp", "single_sharded"]
 
 
@@ -33,7 +34,8 @@ def runs(tmp_path_factory):
         _single_process(out / "reference")
         # One process with DCP checkpoints: the parallel trainer without a mesh.
         _single_process(out / "single_sharded", checkpoint={"sharded": True})
-        _single_process(out / "sit_reference", objective="transport")
+        _single_process(out / "sit_reference", kind="sit")
+        _single_process(out / "ldit_reference", kind="ldit")
     finally:
         torch.use_deterministic_algorithms(was)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
@@ -55,7 +57,7 @@ def _assert_losses_match(got: dict, ref: dict, steps):
 
 @pytest.mark.parametrize("layout", ["single_sharded", *LAYOUTS_2, *LAYOUTS_4])
 def test_layout_matches_single_process(runs, layout):
-    reference = runs / ("sit_reference" if objective_of(layout) == "transport" else "reference")
+    reference = runs / ("reference" if kind_of(layout) == "dit" else f"{kind_of(layout)}_reference")
     ref = read_losses(reference)
     _assert_losses_match(read_losses(runs / layout), ref, range(1, STEPS + 1))
     # Gradients are averaged, not summed, over data-parallel ranks (and the norm spans TP shards and PP stages).
@@ -72,7 +74,7 @@ def test_layout_matches_single_process(runs, layout):
 
 @pytest.mark.parametrize("layout,source", RESUME_4)
 def test_resume_on_four_ranks(runs, layout, source):
-    ref = read_losses(runs / "reference")
+    ref = read_losses(runs / ("reference" if kind_of(layout) == "dit" else f"{kind_of(layout)}_reference"))
     _assert_losses_match(read_losses(runs / f"resume_{layout}_{source}"), ref, range(6, STEPS + 1))
 
 
