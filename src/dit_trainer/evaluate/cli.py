@@ -25,7 +25,7 @@ def add_commands(sub) -> None:
     p.add_argument("--network", choices=("inception", "digits"), default="inception",
                    help="feature network (default inception; digits: the demo's shipped digit network)")
     p.add_argument("--weights", help="Inception weights file (weights-inception-2015-12-05-6726825d.pth)")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None, help="images per batch (default 64; 512 for digits)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                    help="network precision (default fp32; report fp32 numbers)")
     p.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")

@@ -15,6 +15,9 @@ from dit_trainer.evaluate.precision_recall import precision_recall
 from dit_trainer.evaluate.stats import ReferenceStats
 
 NETWORKS = ("inception", "digits")
+# Inception at 299 px fills a GPU at 64 (ADM's batch); the digit network is so small that only
+# large batches amortise the per-call overhead.
+DEFAULT_BATCH = {"inception": 64, "digits": 512}
 DIGITS_REF = "digits"  # --ref digits: scikit-learn's real digits, measured on the fly
 
 
@@ -68,11 +71,12 @@ def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=
     return stats
 
 
-def evaluate(samples, ref, network="inception", weights=None, batch_size=64, dtype="fp32", device=None,
+def evaluate(samples, ref, network="inception", weights=None, batch_size=None, dtype="fp32", device=None,
              progress=True, splits=10, k=3) -> dict:
     """All five metrics of a samples .npz against a reference; returns a dict of plain values."""
     device = device or default_device()
     net = load_network(network, weights, device) if isinstance(network, str) else network
+    batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     t0 = time.perf_counter()
     ref_stats = reference(ref, net, batch_size, dtype, device, progress)
     feats = measure_npz(samples, net, batch_size, dtype, device, progress, desc=f"samples {Path(samples).name}")
@@ -112,7 +116,7 @@ def _image_batches(paths, image_size, batch_size, workers):
         yield np.stack([image for _, image, _ in batch])
 
 
-def reference_from_images(folder, out, network="inception", weights=None, image_size=256, batch_size=64,
+def reference_from_images(folder, out, network="inception", weights=None, image_size=256, batch_size=None,
                           dtype="fp32", device=None, progress=True, workers=0,
                           max_images: Optional[int] = None) -> ReferenceStats:
     """Measure an image folder (ADM center crop to image_size) and write its ReferenceStats to `out`."""
@@ -122,6 +126,7 @@ def reference_from_images(folder, out, network="inception", weights=None, image_
         raise ConfigError(f"image size must be an integer >= 8, got {image_size!r}")
     device = device or default_device()
     net = load_network(network, weights, device) if isinstance(network, str) else network
+    batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     paths = list_image_folder(folder)[0]
     if max_images is not None:
         paths = paths[:max_images]

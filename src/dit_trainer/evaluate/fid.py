@@ -22,7 +22,8 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
             f"were both sets measured with the same network?"
         )
     diff = mu1 - mu2
-    covmean, _ = linalg.sqrtm(sigma1.dot(sigma2), disp=False)
+    # Without disp: the same square root, and scipy >= 1.18 drops the argument.
+    covmean = linalg.sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
         # A (nearly) singular product, e.g. fewer samples than feature dimensions: nudge both diagonals.
         warnings.warn(f"FID: singular covariance product; adding {eps} to the diagonals", RuntimeWarning)

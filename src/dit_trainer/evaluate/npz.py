@@ -62,7 +62,8 @@ class NpzImages:
                 data = f.read(n * per_image)
                 if len(data) != n * per_image:
                     raise DataError(f"{self.path}: {IMAGES_KEY} is truncated at image {start}")
-                yield to_rgb_batch(np.frombuffer(data, np.uint8).reshape((n,) + self.shape[1:]))
+                # bytearray: a writable buffer, which torch.as_tensor wants.
+                yield to_rgb_batch(np.frombuffer(bytearray(data), np.uint8).reshape((n,) + self.shape[1:]))
 
 
 def _read_header(f, path):
