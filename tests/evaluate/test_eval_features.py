@@ -1,37 +1,12 @@
 import numpy as np
 import pytest
-import torch
-import torch.nn as nn
-
 from dit_trainer.errors import ConfigError, DataError
 from dit_trainer.evaluate.features import extract_features
 from dit_trainer.evaluate.npz import NpzImages
 
 
-class TinyNet(nn.Module):
-    """Stands in for Inception: same interface, random weights, a few thousand parameters."""
-
-    name = "tiny"
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(3, 8, 3, stride=2)
-        self.bn = nn.BatchNorm2d(8)  # eval mode: per-image, so batching must not matter
-        self.fc = nn.Linear(8, 5)
-
-    def forward(self, images):
-        h = torch.relu(self.bn(self.conv(images / 127.5 - 1.0)))
-        pool = h.mean((2, 3))
-        return {"pool": pool, "spatial": h[:, :2].permute(0, 2, 3, 1).flatten(1), "logits": self.fc(pool)}
-
-
-def _images(n=23, size=12, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
-
-
-def test_feature_shapes_and_batching_invariance():
-    net, images = TinyNet(), _images()
+def test_feature_shapes_and_batching_invariance(tiny_net, make_images):
+    net, images = tiny_net, make_images()
     whole = extract_features(net, images, batch_size=64, progress=False)
     assert whole.pool.shape == (23, 8) and whole.spatial.shape == (23, 2 * 5 * 5) and whole.logits.shape == (23, 5)
     assert whole.pool.dtype == np.float32 and len(whole) == 23
@@ -44,8 +19,8 @@ def test_feature_shapes_and_batching_invariance():
     assert not np.allclose(whole.pool[0], whole.pool[1])
 
 
-def test_bf16_is_close_to_fp32():
-    net, images = TinyNet(), _images(8)
+def test_bf16_is_close_to_fp32(tiny_net, make_images):
+    net, images = tiny_net, make_images(8)
     fp32 = extract_features(net, images, progress=False)
     bf16 = extract_features(net, images, dtype="bf16", progress=False)
     assert bf16.pool.dtype == np.float32
@@ -54,27 +29,27 @@ def test_bf16_is_close_to_fp32():
         extract_features(net, images, dtype="fp16", progress=False)
 
 
-def test_bad_batches_are_one_line_errors():
-    net = TinyNet()
+def test_bad_batches_are_one_line_errors(tiny_net, make_images):
+    net = tiny_net
     with pytest.raises(ConfigError, match="uint8 N×H×W×3"):
-        extract_features(net, _images().astype(np.float32), progress=False)
+        extract_features(net, make_images().astype(np.float32), progress=False)
     with pytest.raises(ConfigError, match="positive integer"):
-        extract_features(net, _images(), batch_size=0, progress=False)
+        extract_features(net, make_images(), batch_size=0, progress=False)
 
 
 @pytest.mark.parametrize("compressed", [False, True])
-def test_npz_images_stream_in_batches(tmp_path, compressed):
-    images = _images(10, 6)
-    (np.savez_compressed if compressed else np.savez)(tmp_path / "s.npz", arr_0=images, arr_1=np.arange(10))
+def test_npz_images_stream_in_batches(tmp_path, compressed, make_images):
+    batch = make_images(10, 6)
+    (np.savez_compressed if compressed else np.savez)(tmp_path / "s.npz", arr_0=batch, arr_1=np.arange(10))
     reader = NpzImages(tmp_path / "s.npz")
     assert len(reader) == 10 and reader.shape == (10, 6, 6, 3)
     batches = list(reader.batches(4))
     assert [len(b) for b in batches] == [4, 4, 2]
-    np.testing.assert_array_equal(np.concatenate(batches), images)
+    np.testing.assert_array_equal(np.concatenate(batches), batch)
 
 
-def test_npz_grayscale_is_repeated_and_bad_files_are_refused(tmp_path):
-    gray = _images(3, 5)[..., :1]
+def test_npz_grayscale_is_repeated_and_bad_files_are_refused(tmp_path, make_images):
+    gray = make_images(3, 5)[..., :1]
     np.savez(tmp_path / "g.npz", arr_0=gray)
     (batch,) = NpzImages(tmp_path / "g.npz").batches(8)
     assert batch.shape == (3, 5, 5, 3) and (batch == gray).all()

@@ -84,3 +84,24 @@ def test_reference_stats_errors_are_one_line(tmp_path):
         ReferenceStats.load(tmp_path / "other.npz")
     with pytest.raises(DataError, match="not found"):
         ReferenceStats.load(tmp_path / "missing.npz")
+
+
+def test_evaluate_uses_the_files_statistics_and_its_images_for_precision_recall(tmp_path, tiny_net, make_images):
+    """ADM's reference batches: dataset statistics plus arr_0 images that only precision/recall use."""
+    from dit_trainer.evaluate.evaluator import evaluate
+    from dit_trainer.evaluate.features import extract_features
+
+    net = tiny_net
+    dataset, ref_images, samples = make_images(40, seed=1), make_images(30, seed=2), make_images(25, seed=3)
+    fit = ReferenceStats.from_features(extract_features(net, dataset, progress=False))
+    np.savez(tmp_path / "ref.npz", mu=fit.mu, sigma=fit.sigma, mu_s=fit.mu_s, sigma_s=fit.sigma_s,
+             arr_0=ref_images, network=np.asarray("tiny"))
+    np.savez(tmp_path / "samples.npz", arr_0=samples)
+    m = evaluate(tmp_path / "samples.npz", tmp_path / "ref.npz", network=net, device="cpu", progress=False)
+    s = extract_features(net, samples, progress=False)
+    assert m["fid"] == pytest.approx(frechet_distance(*gaussian_stats(s.pool), fit.mu, fit.sigma), rel=1e-9)
+    assert m["num_reference_features"] == 30 and m["num_samples"] == 25
+    assert 0.0 <= m["precision"] <= 1.0 and 0.0 <= m["recall"] <= 1.0
+    np.savez(tmp_path / "adm.npz", mu=fit.mu, sigma=fit.sigma, mu_s=fit.mu_s, sigma_s=fit.sigma_s)
+    with pytest.raises(DitError, match="holds inception features"):  # no network key: ADM's Inception
+        evaluate(tmp_path / "samples.npz", tmp_path / "adm.npz", network=net, device="cpu", progress=False)
