@@ -69,7 +69,7 @@ def test_dit_eval_reference_from_an_image_folder(tmp_path, capsys):
     ref = tmp_path / "ref.npz"
     code, out = _run(["eval", "--network", "digits", "--ref-from-images", str(tmp_path / "folder"),
                       "--out", str(ref), "--image-size", "16", "--device", "cpu", "--no-progress"], capsys)
-    assert code == 0 and "60 images" in out
+    assert code == 0 and "60 pool features" in out
     with np.load(ref) as z:
         assert set(z.files) == {"mu", "sigma", "mu_s", "sigma_s", "features", "network"}
         assert z["mu"].shape == (64,) and z["sigma_s"].shape == (112, 112) and str(z["network"]) == "digits"
@@ -80,6 +80,17 @@ def test_dit_eval_reference_from_an_image_folder(tmp_path, capsys):
     m = json.loads((tmp_path / "m.json").read_text())
     # 60 images for 64-d features: a singular covariance, so only round-off level, not 1e-6.
     assert abs(m["fid"]) < 1e-4 and m["precision"] == 1.0 and m["recall"] == 1.0
+    # Statistics cover every image; only a random subset of features is kept for precision/recall.
+    from dit_trainer.evaluate.evaluator import reference_from_images
+
+    sub = reference_from_images(tmp_path / "folder", tmp_path / "sub.npz", "digits", image_size=16, device="cpu",
+                                progress=False, pr_features=25, batch_size=7)
+    full = np.load(ref)
+    assert sub.features.shape == (25, 64)
+    # Other batch sizes change float32 convolutions in the last bits only.
+    np.testing.assert_allclose(sub.sigma, full["sigma"], rtol=1e-4, atol=1e-5)
+    nearest = np.abs(sub.features[:, None] - full["features"][None]).max(-1).min(1)
+    assert (nearest < 1e-4).all()  # each kept feature is one of the folder's
 
 
 def test_dit_eval_errors_are_one_line(tmp_path, capsys):

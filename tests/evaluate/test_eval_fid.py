@@ -6,7 +6,7 @@ pytest.importorskip("scipy")
 from dit_trainer.errors import DataError, DitError  # noqa: E402
 from dit_trainer.evaluate.features import Features  # noqa: E402
 from dit_trainer.evaluate.fid import frechet_distance  # noqa: E402
-from dit_trainer.evaluate.stats import ReferenceStats, gaussian_stats  # noqa: E402
+from dit_trainer.evaluate.stats import GaussianAccumulator, ReferenceStats, gaussian_stats  # noqa: E402
 
 
 def _spd(rng, d):
@@ -105,3 +105,17 @@ def test_evaluate_uses_the_files_statistics_and_its_images_for_precision_recall(
     np.savez(tmp_path / "adm.npz", mu=fit.mu, sigma=fit.sigma, mu_s=fit.mu_s, sigma_s=fit.sigma_s)
     with pytest.raises(DitError, match="holds inception features"):  # no network key: ADM's Inception
         evaluate(tmp_path / "samples.npz", tmp_path / "adm.npz", network=net, device="cpu", progress=False)
+
+
+def test_streamed_statistics_equal_the_whole_set():
+    rng = np.random.default_rng(4)
+    f = rng.normal(size=(301, 9)) * 0.3 + 1000.0  # a large mean: the naive one-pass formula would cancel
+    acc = GaussianAccumulator()
+    for start in range(0, len(f), 64):
+        acc.update(f[start:start + 64].astype(np.float32))
+    mu, sigma = acc.result()
+    ref_mu, ref_sigma = gaussian_stats(f.astype(np.float32))
+    np.testing.assert_allclose(mu, ref_mu, rtol=1e-12)
+    np.testing.assert_allclose(sigma, ref_sigma, rtol=1e-7, atol=1e-9)
+    with pytest.raises(ValueError, match="at least 2"):
+        GaussianAccumulator().result()

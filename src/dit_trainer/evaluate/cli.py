@@ -30,6 +30,8 @@ def add_commands(sub) -> None:
                    help="network precision (default fp32; report fp32 numbers)")
     p.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     p.add_argument("--workers", type=int, default=0, help="image-loading workers for --ref-from-images")
+    p.add_argument("--pr-features", type=int, default=10_000,
+                   help="--ref-from-images keeps this many random images' features for precision/recall")
     p.add_argument("--json", metavar="OUT", help="also write the metrics as JSON here")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -45,9 +47,10 @@ def run(args) -> int:
         if not args.out:
             raise ConfigError("--ref-from-images needs --out REF.npz")
         stats = reference_from_images(args.ref_from_images, args.out, args.network, args.weights, args.image_size,
-                                      args.batch_size, args.dtype, args.device, not args.no_progress, args.workers)
-        print(f"wrote {args.out}: {len(stats.features)} images, {stats.mu.shape[0]}-d pool and "
-              f"{stats.mu_s.shape[0]}-d spatial statistics ({stats.network})")
+                                      args.batch_size, args.dtype, args.device, not args.no_progress, args.workers,
+                                      args.pr_features)
+        print(f"wrote {args.out}: {stats.mu.shape[0]}-d pool and {stats.mu_s.shape[0]}-d spatial statistics "
+              f"({stats.network}), {len(stats.features)} pool features kept for precision/recall")
         return 0
     if not args.samples or not args.ref:
         raise ConfigError("dit eval needs --samples FILE.npz and --ref REF.npz (or --ref-from-images DIR --out REF.npz)")

@@ -2,8 +2,6 @@
 
 import time
 from pathlib import Path
-from typing import Optional
-
 import torch
 
 from dit_trainer.errors import ConfigError, DataError
@@ -18,7 +16,8 @@ NETWORKS = ("inception", "digits")
 # Inception at 299 px fills a GPU at 64 (ADM's batch); the digit network is so small that only
 # large batches amortise the per-call overhead.
 DEFAULT_BATCH = {"inception": 64, "digits": 512}
-DIGITS_REF = "digits"  # --ref digits: scikit-learn's real digits, measured on the fly
+DIGITS_REF = "digits"
+PR_FEATURES = 10_000  # reference features kept for precision/recall, as many as ADM's reference images  # --ref digits: scikit-learn's real digits, measured on the fly
 
 
 def default_device() -> str:
@@ -118,9 +117,18 @@ def _image_batches(paths, image_size, batch_size, workers):
 
 def reference_from_images(folder, out, network="inception", weights=None, image_size=256, batch_size=None,
                           dtype="fp32", device=None, progress=True, workers=0,
-                          max_images: Optional[int] = None) -> ReferenceStats:
-    """Measure an image folder (ADM center crop to image_size) and write its ReferenceStats to `out`."""
+                          pr_features: int = PR_FEATURES, seed: int = 0) -> ReferenceStats:
+    """Measure an image folder (ADM center crop to image_size) and write its ReferenceStats to `out`.
+
+    Statistics cover every image and are accumulated batch by batch; the pool features of a
+    random `pr_features` of them (ADM's reference batches carry 10,000 images) are kept for
+    precision/recall.
+    """
+    import numpy as np
+
     from dit_trainer.data.images import list_image_folder
+    from dit_trainer.evaluate.features import iter_features
+    from dit_trainer.evaluate.stats import GaussianAccumulator
 
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise ConfigError(f"image size must be an integer >= 8, got {image_size!r}")
@@ -128,15 +136,18 @@ def reference_from_images(folder, out, network="inception", weights=None, image_
     net = load_network(network, weights, device) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     paths = list_image_folder(folder)[0]
-    if max_images is not None:
-        paths = paths[:max_images]
     if len(paths) < 2:
         raise DataError(f"{folder} has {len(paths)} image; statistics need at least 2")
-    feats = extract_features(net, _image_batches(paths, image_size, batch_size, workers), batch_size, dtype, device,
-                             progress, total=len(paths), desc=Path(folder).name)
-    stats = ReferenceStats.from_features(feats, network=net.name)
+    # A folder lists class by class: a random subset, not the first N, keeps every class.
+    keep = np.zeros(len(paths), dtype=bool)
+    keep[np.random.default_rng(seed).choice(len(paths), min(len(paths), pr_features), replace=False)] = True
+    pool, spatial, kept, start = GaussianAccumulator(), GaussianAccumulator(), [], 0
+    for f in iter_features(net, _image_batches(paths, image_size, batch_size, workers), batch_size, dtype, device,
+                           progress, total=len(paths), desc=Path(folder).name):
+        pool.update(f.pool)
+        spatial.update(f.spatial)
+        kept.append(f.pool[keep[start:start + len(f)]])
+        start += len(f)
+    stats = ReferenceStats(*pool.result(), *spatial.result(), features=np.concatenate(kept), network=net.name)
     stats.save(out)
     return stats
-
-
-__all__ = ["evaluate", "reference_from_images", "load_network", "reference", "measure_npz", "NETWORKS"]

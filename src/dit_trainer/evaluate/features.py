@@ -36,10 +36,9 @@ def _batches(images, batch_size: int):
         yield from images
 
 
-@torch.no_grad()
-def extract_features(network, images, batch_size: int = 64, dtype: str = "fp32", device="cpu",
-                     progress: bool = True, total: Optional[int] = None, desc: str = "features") -> Features:
-    """Features of uint8 N×H×W×3 images (an array, or an iterable of such batches, e.g. NpzImages.batches())."""
+def iter_features(network, images, batch_size: int = 64, dtype: str = "fp32", device="cpu",
+                  progress: bool = True, total: Optional[int] = None, desc: str = "features"):
+    """Yield a Features per batch of uint8 N×H×W×3 images (an array, or an iterable of batches)."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -51,19 +50,23 @@ def extract_features(network, images, batch_size: int = 64, dtype: str = "fp32",
         total = len(images)
     from tqdm.auto import tqdm
 
-    out = {"pool": [], "spatial": [], "logits": []}
     with tqdm(total=total, desc=desc, unit="img", disable=not progress) as bar:
         for batch in _batches(images, batch_size):
             x = torch.as_tensor(np.asarray(batch))
             if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:
                 raise ConfigError(f"expected uint8 N×H×W×3 image batches, got {x.dtype} {tuple(x.shape)}")
             x = x.to(device).permute(0, 3, 1, 2).float()
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+            with torch.no_grad(), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 feats = network(x)
-            for k in out:
-                # Statistics are taken in float64 later; bf16 features are widened, not kept.
-                out[k].append(feats[k].float().cpu().numpy())
+            # Statistics are taken in float64 later; bf16 features are widened, not kept.
+            yield Features(*(feats[k].float().cpu().numpy() for k in ("pool", "spatial", "logits")))
             bar.update(len(x))
-    if not out["pool"]:
+
+
+def extract_features(network, images, batch_size: int = 64, dtype: str = "fp32", device="cpu",
+                     progress: bool = True, total: Optional[int] = None, desc: str = "features") -> Features:
+    """Features of all images, concatenated (see iter_features)."""
+    parts = list(iter_features(network, images, batch_size, dtype, device, progress, total, desc))
+    if not parts:
         raise ConfigError("no images to measure")
-    return Features(*(np.concatenate(out[k]) for k in ("pool", "spatial", "logits")))
+    return Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("pool", "spatial", "logits")))
