@@ -207,7 +207,7 @@ class FIDInceptionV3(nn.Module):
         x = torch.cat(parts, 1)
         for block in (self.Mixed_6e, self.Mixed_7a, self.Mixed_7b, self.Mixed_7c):
             x = block(x)
-        pool = x.mean(dim=(2, 3))
+        pool = x.float().mean(dim=(2, 3))  # the 64-value average in fp32 even under bf16
         logits = pool @ self.fc.weight.to(pool.dtype).t()
         return {"pool": pool, "spatial": spatial, "logits": logits}
 
