@@ -98,6 +98,10 @@ def test_dit_eval_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "--samples", str(tmp_path / "s.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dit eval: error:") and "--ref" in err and "\n" not in err
+    assert main(["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"), "--ref", "digits",
+                 "--device", "cpu", "--no-progress"]) == 2
+    assert "holds 4 images" in capsys.readouterr().err
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((12, 16, 16, 3), np.uint8))
     # Inception without a weights file: says which file and where it is published.
     assert main(["eval", "--samples", str(tmp_path / "s.npz"), "--ref", str(tmp_path / "s.npz")]) == 2
     err = capsys.readouterr().err.strip()

@@ -76,6 +76,10 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     device = device or default_device()
     net = load_network(network, weights, device) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
+    count = len(NpzImages(samples))  # reads the header only: a bad file fails before any measuring
+    if count < max(splits, k + 1):
+        raise DataError(f"{samples} holds {count} images; IS over {splits} splits and precision/recall "
+                        f"with k={k} need at least {max(splits, k + 1)}")
     t0 = time.perf_counter()
     ref_stats = reference(ref, net, batch_size, dtype, device, progress)
     feats = measure_npz(samples, net, batch_size, dtype, device, progress, desc=f"samples {Path(samples).name}")
