@@ -2,6 +2,7 @@
 
 import time
 from pathlib import Path
+
 import torch
 
 from dit_trainer.errors import ConfigError, DataError
@@ -16,8 +17,8 @@ NETWORKS = ("inception", "digits")
 # Inception at 299 px fills a GPU at 64 (ADM's batch); the digit network is so small that only
 # large batches amortise the per-call overhead.
 DEFAULT_BATCH = {"inception": 64, "digits": 512}
-DIGITS_REF = "digits"
-PR_FEATURES = 10_000  # reference features kept for precision/recall, as many as ADM's reference images  # --ref digits: scikit-learn's real digits, measured on the fly
+DIGITS_REF = "digits"  # --ref digits: scikit-learn's real digits, measured on the fly
+PR_FEATURES = 10_000  # reference features kept for precision/recall, as many as ADM's reference images
 
 
 def default_device() -> str:
