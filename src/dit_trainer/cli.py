@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "dit_trainer.sample",  # dit sample
     "dit_trainer.demo",  # dit demo
     "dit_trainer.data.cli",  # dit extract, dit data convert|verify
+    "dit_trainer.evaluate.cli",  # dit eval
 )
 
 

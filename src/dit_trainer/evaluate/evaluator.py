@@ -1,0 +1,158 @@
+"""The measurement: samples .npz + reference -> FID, sFID, IS, precision, recall (the ADM evaluator's set)."""
+
+import time
+from pathlib import Path
+
+import torch
+
+from dit_trainer.errors import ConfigError, DataError
+from dit_trainer.evaluate.features import extract_features
+from dit_trainer.evaluate.fid import frechet_distance
+from dit_trainer.evaluate.inception_score import inception_score
+from dit_trainer.evaluate.npz import IMAGES_KEY, NpzImages, npz_keys
+from dit_trainer.evaluate.precision_recall import precision_recall
+from dit_trainer.evaluate.stats import ReferenceStats
+
+NETWORKS = ("inception", "digits")
+# Inception at 299 px fills a GPU at 64 (ADM's batch); the digit network is so small that only
+# large batches amortise the per-call overhead.
+DEFAULT_BATCH = {"inception": 64, "digits": 512}
+DIGITS_REF = "digits"  # --ref digits: scikit-learn's real digits, measured on the fly
+PR_FEATURES = 10_000  # reference features kept for precision/recall, as many as ADM's reference images
+
+
+def default_device() -> str:
+    """cuda when there is one, else cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_network(name: str = "inception", weights=None, device="cpu"):
+    """The feature network by name: "inception" (weights from a local file) or "digits" (shipped)."""
+    if name == "inception":
+        from dit_trainer.evaluate.inception import load_inception
+
+        return load_inception(weights, device)
+    if name == "digits":
+        from dit_trainer.evaluate.digits_net import load_digit_net
+
+        return load_digit_net(weights, device)
+    raise ConfigError(f"unknown feature network {name!r}; choose one of {', '.join(NETWORKS)}")
+
+
+def measure_npz(path, network, batch_size=64, dtype="fp32", device="cpu", progress=True, desc=None):
+    """Features of the images in an .npz's arr_0, streamed in batches."""
+    images = NpzImages(path)
+    return extract_features(network, images.batches(batch_size), batch_size, dtype, device, progress,
+                            total=len(images), desc=desc or Path(path).name)
+
+
+def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=True):
+    """ReferenceStats for `ref` (an .npz, or "digits"), with pool features when precision/recall can be had."""
+    if str(ref) == DIGITS_REF:
+        if network.name != "digits":
+            raise ConfigError("--ref digits is measured with the digit network; add --network digits")
+        from dit_trainer.evaluate.digits_net import real_digits_uint8
+
+        feats = extract_features(network, real_digits_uint8(), batch_size, dtype, device, progress, desc="real digits")
+        return ReferenceStats.from_features(feats, network="digits")
+    stats = ReferenceStats.load(ref)
+    measured_by = "inception" if stats is None or stats.network is None else stats.network
+    if measured_by != network.name:
+        raise ConfigError(f"{ref} holds {measured_by} features but the samples are measured with "
+                          f"--network {network.name}; use the same network for both")
+    has_images = IMAGES_KEY in npz_keys(ref)
+    if stats is not None and (stats.features is not None or not has_images):
+        return stats
+    # ADM's reference batches: statistics of the whole dataset plus images for precision/recall.
+    feats = measure_npz(ref, network, batch_size, dtype, device, progress, desc=f"reference {Path(ref).name}")
+    if stats is None:
+        return ReferenceStats.from_features(feats, network=network.name)
+    stats.features = feats.pool
+    return stats
+
+
+def evaluate(samples, ref, network="inception", weights=None, batch_size=None, dtype="fp32", device=None,
+             progress=True, splits=10, k=3) -> dict:
+    """All five metrics of a samples .npz against a reference; returns a dict of plain values."""
+    device = device or default_device()
+    net = load_network(network, weights, device) if isinstance(network, str) else network
+    batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
+    count = len(NpzImages(samples))  # reads the header only: a bad file fails before any measuring
+    if count < max(splits, k + 1):
+        raise DataError(f"{samples} holds {count} images; IS over {splits} splits and precision/recall "
+                        f"with k={k} need at least {max(splits, k + 1)}")
+    t0 = time.perf_counter()
+    ref_stats = reference(ref, net, batch_size, dtype, device, progress)
+    feats = measure_npz(samples, net, batch_size, dtype, device, progress, desc=f"samples {Path(samples).name}")
+    sam = ReferenceStats.from_features(feats, network=net.name)
+    is_mean, is_std = inception_score(feats.logits, splits)
+    result = {
+        "inception_score": is_mean,
+        "inception_score_std": is_std,
+        "fid": frechet_distance(sam.mu, sam.sigma, ref_stats.mu, ref_stats.sigma),
+        "sfid": frechet_distance(sam.mu_s, sam.sigma_s, ref_stats.mu_s, ref_stats.sigma_s),
+        "precision": None,
+        "recall": None,
+    }
+    if ref_stats.features is not None:
+        result["precision"], result["recall"] = precision_recall(ref_stats.features, feats.pool, k=k, device=device)
+    result.update({
+        "num_samples": len(feats),
+        "num_reference_features": None if ref_stats.features is None else len(ref_stats.features),
+        "network": net.name, "dtype": dtype, "samples": str(samples), "ref": str(ref),
+        "seconds": round(time.perf_counter() - t0, 1),
+    })
+    return result
+
+
+def _image_batches(paths, image_size, batch_size, workers):
+    import numpy as np
+    from torch.utils.data import DataLoader
+
+    from dit_trainer.data.images import ImageFiles
+
+    loader = DataLoader(ImageFiles(paths, image_size), batch_size=batch_size, num_workers=workers,
+                        collate_fn=list)
+    for batch in loader:
+        for index, image, err in batch:
+            if image is None:
+                raise DataError(f"{paths[index]}: cannot read image ({err}); remove or fix it")
+        yield np.stack([image for _, image, _ in batch])
+
+
+def reference_from_images(folder, out, network="inception", weights=None, image_size=256, batch_size=None,
+                          dtype="fp32", device=None, progress=True, workers=0,
+                          pr_features: int = PR_FEATURES, seed: int = 0) -> ReferenceStats:
+    """Measure an image folder (ADM center crop to image_size) and write its ReferenceStats to `out`.
+
+    Statistics cover every image and are accumulated batch by batch; the pool features of a
+    random `pr_features` of them (ADM's reference batches carry 10,000 images) are kept for
+    precision/recall.
+    """
+    import numpy as np
+
+    from dit_trainer.data.images import list_image_folder
+    from dit_trainer.evaluate.features import iter_features
+    from dit_trainer.evaluate.stats import GaussianAccumulator
+
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
+        raise ConfigError(f"image size must be an integer >= 8, got {image_size!r}")
+    device = device or default_device()
+    net = load_network(network, weights, device) if isinstance(network, str) else network
+    batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
+    paths = list_image_folder(folder)[0]
+    if len(paths) < 2:
+        raise DataError(f"{folder} has {len(paths)} image; statistics need at least 2")
+    # A folder lists class by class: a random subset, not the first N, keeps every class.
+    keep = np.zeros(len(paths), dtype=bool)
+    keep[np.random.default_rng(seed).choice(len(paths), min(len(paths), pr_features), replace=False)] = True
+    pool, spatial, kept, start = GaussianAccumulator(), GaussianAccumulator(), [], 0
+    for f in iter_features(net, _image_batches(paths, image_size, batch_size, workers), batch_size, dtype, device,
+                           progress, total=len(paths), desc=Path(folder).name):
+        pool.update(f.pool)
+        spatial.update(f.spatial)
+        kept.append(f.pool[keep[start:start + len(f)]])
+        start += len(f)
+    stats = ReferenceStats(*pool.result(), *spatial.result(), features=np.concatenate(kept), network=net.name)
+    stats.save(out)
+    return stats

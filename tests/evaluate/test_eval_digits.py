@@ -1,0 +1,122 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("sklearn")
+pytest.importorskip("scipy")
+
+from dit_trainer.cli import main  # noqa: E402
+from dit_trainer.evaluate.cli import add_commands  # noqa: E402
+from dit_trainer.evaluate.digits_net import digit_split, load_digit_net, real_digits_uint8  # noqa: E402
+from dit_trainer.evaluate.features import extract_features  # noqa: E402
+
+
+def test_digit_network_recognises_held_out_real_digits():
+    from dit_trainer.data.digits import load_digit_arrays
+
+    net = load_digit_net()
+    _, held = digit_split()
+    labels = load_digit_arrays()[1][held]
+    feats = extract_features(net, real_digits_uint8(held), progress=False)
+    accuracy = float((feats.logits.argmax(1) == labels).mean())
+    assert accuracy > 0.95, accuracy
+    assert feats.pool.shape == (len(held), 64) and feats.spatial.shape == (len(held), 7 * 4 * 4)
+    # Deterministic: the shipped weights, eval mode, same features twice.
+    again = extract_features(load_digit_net(), real_digits_uint8(held[:20]), progress=False)
+    np.testing.assert_array_equal(again.pool, feats.pool[:20])
+
+
+def _run(argv, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="dit")
+    add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    code = args.func(args)
+    return code, capsys.readouterr().out
+
+
+def test_dit_eval_digits_real_beats_noise(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    real = real_digits_uint8(rng.permutation(1797)[:500])
+    np.savez(tmp_path / "real.npz", arr_0=real)
+    np.savez(tmp_path / "noise.npz", arr_0=rng.integers(0, 256, size=real.shape, dtype=np.uint8))
+    code, out = _run(["eval", "--network", "digits", "--samples", str(tmp_path / "real.npz"), "--ref", "digits",
+                      "--device", "cpu", "--no-progress", "--json", str(tmp_path / "real.json")], capsys)
+    assert code == 0 and "FID:" in out and "Precision:" in out
+    real_m = json.loads((tmp_path / "real.json").read_text())
+    _run(["eval", "--network", "digits", "--samples", str(tmp_path / "noise.npz"), "--ref", "digits",
+          "--device", "cpu", "--no-progress", "--json", str(tmp_path / "noise.json")], capsys)
+    noise_m = json.loads((tmp_path / "noise.json").read_text())
+    assert real_m["fid"] < 10 < 100 < noise_m["fid"]
+    assert real_m["sfid"] < noise_m["sfid"]
+    assert real_m["inception_score"] > 8 and noise_m["inception_score"] < 3
+    assert real_m["precision"] > 0.8 and real_m["recall"] > 0.8 and noise_m["precision"] == 0.0
+    assert real_m["num_samples"] == 500 and real_m["num_reference_features"] == 1797
+
+
+def test_dit_eval_reference_from_an_image_folder(tmp_path, capsys):
+    from PIL import Image
+
+    images = real_digits_uint8(np.arange(60))
+    for i, img in enumerate(images):
+        Image.fromarray(img[..., 0]).save(tmp_path / f"{i:03d}.png")
+    (tmp_path / "folder").mkdir()
+    for p in tmp_path.glob("*.png"):
+        p.rename(tmp_path / "folder" / p.name)
+    ref = tmp_path / "ref.npz"
+    code, out = _run(["eval", "--network", "digits", "--ref-from-images", str(tmp_path / "folder"),
+                      "--out", str(ref), "--image-size", "16", "--device", "cpu", "--no-progress"], capsys)
+    assert code == 0 and "60 pool features" in out
+    with np.load(ref) as z:
+        assert set(z.files) == {"mu", "sigma", "mu_s", "sigma_s", "features", "network"}
+        assert z["mu"].shape == (64,) and z["sigma_s"].shape == (112, 112) and str(z["network"]) == "digits"
+    # The same images as samples against their own folder's statistics: FID 0, precision/recall 1.
+    np.savez(tmp_path / "same.npz", arr_0=images)
+    _run(["eval", "--network", "digits", "--samples", str(tmp_path / "same.npz"), "--ref", str(ref),
+          "--device", "cpu", "--no-progress", "--json", str(tmp_path / "m.json")], capsys)
+    m = json.loads((tmp_path / "m.json").read_text())
+    # 60 images for 64-d features: a singular covariance, so only round-off level, not 1e-6.
+    assert abs(m["fid"]) < 1e-4 and m["precision"] == 1.0 and m["recall"] == 1.0
+    # Statistics cover every image; only a random subset of features is kept for precision/recall.
+    from dit_trainer.evaluate.evaluator import reference_from_images
+
+    sub = reference_from_images(tmp_path / "folder", tmp_path / "sub.npz", "digits", image_size=16, device="cpu",
+                                progress=False, pr_features=25, batch_size=7)
+    full = np.load(ref)
+    assert sub.features.shape == (25, 64)
+    # Other batch sizes change float32 convolutions in the last bits only.
+    np.testing.assert_allclose(sub.sigma, full["sigma"], rtol=1e-4, atol=1e-5)
+    nearest = np.abs(sub.features[:, None] - full["features"][None]).max(-1).min(1)
+    assert (nearest < 1e-4).all()  # each kept feature is one of the folder's
+
+
+def test_dit_eval_errors_are_one_line(tmp_path, capsys):
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((4, 16, 16, 3), np.uint8))
+    assert main(["eval", "--samples", str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dit eval: error:") and "--ref" in err and "\n" not in err
+    assert main(["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"), "--ref", "digits",
+                 "--device", "cpu", "--no-progress"]) == 2
+    assert "holds 4 images" in capsys.readouterr().err
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((12, 16, 16, 3), np.uint8))
+    # Inception without a weights file: says which file and where it is published.
+    assert main(["eval", "--samples", str(tmp_path / "s.npz"), "--ref", str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "weights-inception-2015-12-05-6726825d.pth" in err and "https://" in err and "\n" not in err
+    # Statistics measured by another network are refused before anything is computed.
+    np.savez(tmp_path / "r.npz", mu=np.zeros(3), sigma=np.eye(3), mu_s=np.zeros(3), sigma_s=np.eye(3),
+             network=np.asarray("inception"))
+    assert main(["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"),
+                 "--ref", str(tmp_path / "r.npz"), "--device", "cpu"]) == 2
+    assert "holds inception features" in capsys.readouterr().err
+
+
+def test_bf16_digits_features_stay_close():
+    images = real_digits_uint8(np.arange(64))
+    net = load_digit_net()
+    a = extract_features(net, images, progress=False)
+    b = extract_features(net, images, dtype="bf16", progress=False)
+    assert torch.allclose(torch.from_numpy(b.pool), torch.from_numpy(a.pool), rtol=0.05, atol=0.1)
