@@ -15,6 +15,7 @@ from dit_trainer.errors import DitError
 COMMAND_MODULES = (
     "dit_trainer.train.cli",  # dit train
     "dit_trainer.sample",  # dit sample
+    "dit_trainer.sample.ddp",  # dit sample-ddp
     "dit_trainer.demo",  # dit demo
     "dit_trainer.data.cli",  # dit extract, dit data convert|verify
     "dit_trainer.evaluate.cli",  # dit eval

@@ -20,6 +20,18 @@ def add_commands(subparsers) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--class-labels", type=int, nargs="+", metavar="ID", help="class ids, e.g. 207 360")
     which.add_argument("--class-names", nargs="+", metavar="NAME", help='class names, e.g. "golden retriever" otter')
+    p.add_argument("--out", default=None, help="PNG grid to write (default samples.png unless --npz is given)")
+    p.add_argument("--per-class", type=int, default=1, help="samples per label in the grid, one row per label")
+    p.add_argument("--nrow", type=int, default=None, help="images per grid row")
+    p.add_argument("--npz", default=None, help="write an ADM-style .npz batch (arr_0 uint8 N×H×W×3) for FID")
+    p.add_argument("--num-samples", type=int, default=50000, help="samples in the .npz (default 50000)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per forward batch for --npz")
+    add_sampling_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_sampling_arguments(p) -> None:
+    """The flags `dit sample` and `dit sample-ddp` share: checkpoint reading, guidance, sampler."""
     p.add_argument("--cfg-scale", type=float, default=4.0, help="guidance scale; 1 disables guidance (default 4)")
     p.add_argument("--cfg-channels", type=int, default=None, help="guide only the first N channels (the release's FIDs used 3)")
     p.add_argument("--sampler", choices=("ddpm", "ddim", "ode", "sde"), default=None,
@@ -27,12 +39,6 @@ def add_commands(subparsers) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="PNG grid to write (default samples.png unless --npz is given)")
-    p.add_argument("--per-class", type=int, default=1, help="samples per label in the grid, one row per label")
-    p.add_argument("--nrow", type=int, default=None, help="images per grid row")
-    p.add_argument("--npz", default=None, help="write an ADM-style .npz batch (arr_0 uint8 N×H×W×3) for FID")
-    p.add_argument("--num-samples", type=int, default=50000, help="samples in the .npz (default 50000)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per forward batch for --npz")
     p.add_argument("--model", default=None, help="model name for a weights file, e.g. DiT-XL/2")
     p.add_argument("--image-size", type=int, default=None, help="pixel size for a weights file (256 or 512)")
     p.add_argument("--num-classes", type=int, default=1000, help="classes of a weights file (default 1000)")
@@ -53,7 +59,6 @@ def add_commands(subparsers) -> None:
     t.add_argument("--sde-last-step-size", type=float, default=None)
     t.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
                    help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
-    p.set_defaults(func=run)
 
 
 _ODE_FLAGS = ("ode_method", "atol", "rtol")

@@ -43,12 +43,16 @@ def save_grid(images, path, nrow=8, padding=2):
     return path
 
 
-def save_npz(path, images: np.ndarray, labels: np.ndarray):
-    """Write arr_0 (images) and arr_1 (labels) to `path` atomically; returns the path."""
+def save_npz(path, images: np.ndarray, labels: np.ndarray, settings=None):
+    """Write arr_0 (images), arr_1 (labels) and, if given, `settings` (a JSON string) to `path`
+    atomically; returns the path."""
+    import json
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    extra = {"settings": np.array(json.dumps(settings))} if settings is not None else {}
     with open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz" to the name
-        np.savez(f, arr_0=images, arr_1=labels.astype(np.int64))
+        np.savez(f, arr_0=images, arr_1=labels.astype(np.int64), **extra)
     os.replace(tmp, path)
     return path
