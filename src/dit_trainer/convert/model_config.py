@@ -155,7 +155,7 @@ def build_dit(cfg: dict, check_convention=True):
     if dit_supports_convention():
         from dit_trainer.models.dit import DiT_models
 
-        return DiT_models[cfg["name"]](**model_kwargs(cfg), **convention)
+        return DiT_models[cfg["name"]](**{**model_kwargs(cfg), **convention})
     if check_convention:
         raise ConfigError(f"the model records diffusers' timestep convention {convention}, which this "
                           "dit-trainer's DiT does not implement yet; sampling it with the release's convention "

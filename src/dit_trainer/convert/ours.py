@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from dit_trainer.convert.bundle import Bundle
-from dit_trainer.convert.model_config import CONVENTION_KEYS, check_fits
+from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
 
 WEIGHTS = ("ema.safetensors", "model.safetensors")
@@ -52,7 +52,9 @@ def model_dict(cfg, convention=None) -> dict:
     """Our model-config dict from a Config's model section."""
     fields = dataclasses.asdict(cfg.model)
     keep = {k: v for k, v in fields.items() if v is not None and k != "weights_path"}
-    return {**keep, **(convention or {})}
+    merged = {**keep, **(convention or {})}
+    # The release's convention is the default and stays implicit, whether or not Config knows the keys.
+    return {k: v for k, v in merged.items() if not (k in RELEASE_CONVENTION and v == RELEASE_CONVENTION[k])}
 
 
 def read(src, model=None, vae=None) -> Bundle:
