@@ -9,7 +9,6 @@ decoding `load_decoder` + `to_images`.
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from dit_trainer.errors import ConfigError
