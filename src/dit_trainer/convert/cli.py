@@ -32,4 +32,8 @@ def run(args) -> int:
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}
     note = f" (timestep convention {extra})" if extra else ""
     print(f"wrote {bundle.model['name']} ({len(bundle.state_dict)} tensors) as {args.dst_format} to {out}{note}")
+    if args.dst_format in ("diffusers", "ppdiffusers") and int(bundle.model.get("num_classes", 1000)) != 1000:
+        # Their DiTPipeline hard-codes label 1000 as the null class.
+        print(f"note: {args.dst_format}' DiTPipeline guides with label 1000 as the null class; this model has "
+              f"{bundle.model['num_classes']} classes, so use guidance_scale=1 there (dit_trainer's DiTPipeline guides)")
     return 0
