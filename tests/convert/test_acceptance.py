@@ -1,8 +1,6 @@
 """The issue's acceptance path: `dit convert --from dit-pt CKPT.pt --to diffusers OUT --model DiT-S/2
 --vae VAE_DIR`, then diffusers' DiTPipeline on OUT computes the released DiT under diffusers' convention."""
 
-import argparse
-
 import torch
 
 from convert_helpers import build_with_convention, randomize
@@ -11,16 +9,13 @@ from convert_helpers import build_with_convention, randomize
 def test_release_pt_to_diffusers_pipeline(tmp_path, vae_dir):
     from diffusers import DiTPipeline
 
-    from dit_trainer.convert.cli import add_commands
+    from dit_trainer.cli import main
     from dit_trainer.models.dit import DiT_S_2
 
     released = randomize(DiT_S_2(input_size=4), seed=3, std=0.05)  # full DiT-S/2 width and depth, 2x2 tokens
     torch.save(released.state_dict(), tmp_path / "DiT-S-2.pt")
-    parser = argparse.ArgumentParser()
-    add_commands(parser.add_subparsers())
-    args = parser.parse_args(["convert", "--from", "dit-pt", str(tmp_path / "DiT-S-2.pt"), "--to", "diffusers",
-                              str(tmp_path / "out"), "--model", "DiT-S/2", "--vae", vae_dir])
-    assert args.func(args) == 0
+    assert main(["convert", "--from", "dit-pt", str(tmp_path / "DiT-S-2.pt"), "--to", "diffusers",
+                 str(tmp_path / "out"), "--model", "DiT-S/2", "--vae", vae_dir]) == 0
 
     pipe = DiTPipeline.from_pretrained(str(tmp_path / "out"))
     assert pipe.get_label_ids(["golden retriever"]) == [207]

@@ -54,5 +54,12 @@ def convert(src_format, src, dst_format, out, model=None, vae=None, num_heads=No
     return write(dst_format, bundle, out), bundle
 
 
-__all__ = ["Bundle", "READERS", "WRITERS", "convert", "read", "write", "is_paddlemix_config",
+def add_commands(subparsers) -> None:
+    """Register `dit convert` (dit_trainer.cli looks for this hook in this package)."""
+    from dit_trainer.convert.cli import add_commands as add
+
+    add(subparsers)
+
+
+__all__ = ["Bundle", "add_commands", "READERS", "WRITERS", "convert", "read", "write", "is_paddlemix_config",
            "load_paddlemix_json", "model_config_from_paddlemix"]
