@@ -128,7 +128,7 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for name, batch in zip(models, batches):
         ours, theirs = bench(name, batch, args.steps, dtype, device, args.reps)
-        print(f"| {name} | {batch} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f}x |", flush=True)
+        print(f"| {name} | {batch} | {ours:.3g} | {theirs:.3g} | {ours / theirs:.2f}x |", flush=True)
     return 0
 
 
