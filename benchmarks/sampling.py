@@ -1,0 +1,136 @@
+"""Images/s of DDIM-25 sampling with classifier-free guidance 4.0: our sampler
+(`dit_trainer.sample.sample_latents`) vs diffusers' `DiTPipeline` on the same exported weights,
+in one process, same dtype, latents only (the VAE decode is left out of both).
+
+    python benchmarks/sampling.py                       # DiT-S/2 batch 4, DiT-B/2 batch 2, fp32, CPU
+    python benchmarks/sampling.py --device cuda --batch-sizes 64,32 --dtype bf16
+"""
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+
+class _NoDecode(torch.nn.Module):
+    """Stands in for the VAE so that diffusers' pipeline returns its latents undecoded."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = SimpleNamespace(scaling_factor=1.0)
+        self.register_buffer("anchor", torch.zeros(1))  # gives the pipeline a device and dtype to read
+
+    @property
+    def device(self):
+        return self.anchor.device
+
+    @property
+    def dtype(self):
+        return self.anchor.dtype
+
+    def decode(self, latents):
+        return SimpleNamespace(sample=latents)
+
+
+def _export(name, out, seed=0):
+    """A random DiT of size `name` (32x32x4 latents, 1000 classes) exported as a diffusers transformer."""
+    from dit_trainer.convert import Bundle
+    from dit_trainer.convert.hf_diffusers import WEIGHTS
+    from dit_trainer.convert.layout import to_diffusers
+    from dit_trainer.convert.model_config import build_dit
+    from dit_trainer.convert.pipeline_folder import transformer_config, write_json
+    from safetensors.torch import save_file
+
+    cfg = {"name": name, "input_size": 32, "in_channels": 4, "num_classes": 1000}
+    torch.manual_seed(seed)
+    model = build_dit(cfg)
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if k != "pos_embed":
+                p.normal_(0, 0.02)
+    bundle = Bundle(state_dict=model.state_dict(), model=cfg)
+    write_json(os.path.join(out, "config.json"), transformer_config(bundle.model, "DiTTransformer2DModel"))
+    save_file({k: v.contiguous().clone() for k, v in to_diffusers(bundle.state_dict).items()},
+              os.path.join(out, WEIGHTS))
+    return cfg, model
+
+
+def _timed(fn, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def bench(name, batch, steps, dtype, device, reps):
+    """(ours images/s, diffusers images/s) for one model size."""
+    from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+
+    from dit_trainer.convert.pipeline_folder import scheduler_config
+    from dit_trainer.sample import sample_latents
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, model = _export(name, tmp)
+        transformer = DiTTransformer2DModel.from_pretrained(tmp)
+    sched = DDIMScheduler.from_config({k: v for k, v in scheduler_config({}).items() if not k.startswith("_")})
+    pipe = DiTPipeline(transformer=transformer.to(device, dtype), vae=_NoDecode(), scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    model = model.to(device, dtype).eval()
+    labels = [(207 + 13 * i) % 1000 for i in range(batch)]
+
+    def ours(n_steps=steps):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            sample_latents(model, None, labels, cfg_scale=4.0, sampler="ddim", steps=n_steps, seed=0, device=device)
+
+    def theirs(n_steps=steps):
+        pipe(class_labels=labels, guidance_scale=4.0, num_inference_steps=n_steps,
+             generator=torch.Generator().manual_seed(0), output_type="pt")
+
+    ours(2), theirs(2)  # warm-up: kernels, allocator, lazy init
+    t_ours = min(_timed(ours, device) for _ in range(reps))
+    t_theirs = min(_timed(theirs, device) for _ in range(reps))
+    return batch / t_ours, batch / t_theirs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="DiT-S/2,DiT-B/2")
+    p.add_argument("--batch-sizes", default="4,2", help="one per model (CPU defaults fit 2 cores in a few minutes)")
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    models = args.models.split(",")
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    import diffusers
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} torch {torch.__version__} diffusers {diffusers.__version__} "
+          f"{platform.processor() or platform.machine()} {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
+          f"load {load:.1f}; DDIM-{args.steps}, CFG 4.0, 32x32x4 latents, {args.dtype}, {args.device}, no VAE decode")
+    print("| model | batch | ours img/s | diffusers DiTPipeline img/s | ours / diffusers |")
+    print("|---|---|---|---|---|")
+    for name, batch in zip(models, batches):
+        ours, theirs = bench(name, batch, args.steps, dtype, device, args.reps)
+        print(f"| {name} | {batch} | {ours:.3g} | {theirs:.3g} | {ours / theirs:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Format converters: released DiT checkpoints, our runs, diffusers and ppdiffusers pipelines.
+
+`convert(src_format, src, dst_format, out, model=None, vae=None)` reads any format into a
+`Bundle` (our tensor names + model config + VAE + class names) and writes it in another.
+"""
+
+from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.paddlemix_json import is_paddlemix_config, load_paddlemix_json, model_config_from_paddlemix
+
+READERS = ("dit-pt", "ours", "diffusers", "ppdiffusers")
+WRITERS = ("ours", "diffusers", "ppdiffusers")
+
+
+def read(fmt, src, model=None, vae=None, num_heads=None, convention="diffusers") -> Bundle:
+    """A Bundle from `src` in format `fmt`."""
+    from dit_trainer.errors import ConfigError
+
+    if fmt == "dit-pt":
+        from dit_trainer.convert import dit_pt
+
+        return dit_pt.read(src, model, num_heads, vae)
+    if fmt == "ours":
+        from dit_trainer.convert import ours
+
+        return ours.read(src, model, vae)
+    if fmt in ("diffusers", "ppdiffusers"):
+        from dit_trainer.convert import hf_diffusers, ppdiffusers_fmt
+
+        bundle = (hf_diffusers if fmt == "diffusers" else ppdiffusers_fmt).read(src, convention)
+        if vae:
+            bundle.vae = vae
+        return bundle
+    raise ConfigError(f"--from {fmt}: not one of {', '.join(READERS)}")
+
+
+def write(fmt, bundle: Bundle, out):
+    """Write `bundle` at `out` in format `fmt`; returns the path."""
+    from dit_trainer.errors import ConfigError
+
+    if fmt == "ours":
+        from dit_trainer.convert import ours as mod
+    elif fmt == "diffusers":
+        from dit_trainer.convert import hf_diffusers as mod
+    elif fmt == "ppdiffusers":
+        from dit_trainer.convert import ppdiffusers_fmt as mod
+    else:
+        raise ConfigError(f"--to {fmt}: not one of {', '.join(WRITERS)} (dit-pt is read only)")
+    return mod.write(bundle, out)
+
+
+def convert(src_format, src, dst_format, out, model=None, vae=None, num_heads=None, convention="diffusers"):
+    """Read `src` as `src_format` and write it to `out` as `dst_format`; returns (out, bundle)."""
+    bundle = read(src_format, src, model=model, vae=vae, num_heads=num_heads, convention=convention)
+    return write(dst_format, bundle, out), bundle
+
+
+def add_commands(subparsers) -> None:
+    """Register `dit convert` (dit_trainer.cli looks for this hook in this package)."""
+    from dit_trainer.convert.cli import add_commands as add
+
+    add(subparsers)
+
+
+__all__ = ["Bundle", "add_commands", "READERS", "WRITERS", "convert", "read", "write", "is_paddlemix_config",
+           "load_paddlemix_json", "model_config_from_paddlemix"]

@@ -1,0 +1,22 @@
+"""What every format reads into and writes from: weights in our names plus what sampling needs."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Bundle:
+    """One model in transit between formats.
+
+    `state_dict` holds torch tensors under our (the release's) names; `model` is a model-config
+    dict (see model_config.py); `vae` a diffusers AutoencoderKL folder or hub id (None for pixel
+    models); `class_names` index = class id, or None when the classes have no names.
+    """
+
+    state_dict: dict
+    model: dict
+    vae: Optional[str] = None
+    scaling_factor: Optional[float] = None
+    class_names: Optional[list] = None
+    diffusion: dict = field(default_factory=lambda: {"num_timesteps": 1000, "noise_schedule": "linear"})
+    source: str = ""

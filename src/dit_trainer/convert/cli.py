@@ -1,0 +1,39 @@
+"""`dit convert --from FORMAT SRC --to FORMAT OUT [--model NAME] [--vae DIR_OR_ID]`."""
+
+from dit_trainer.convert import READERS, WRITERS
+
+
+def add_commands(subparsers) -> None:
+    """Register `dit convert`."""
+    p = subparsers.add_parser(
+        "convert",
+        help="convert DiT weights between released .pt, our runs, diffusers and ppdiffusers pipelines",
+        description="Convert a DiT between formats: dit-pt (a facebookresearch/DiT .pt), ours (a run or "
+                    "checkpoint folder), diffusers and ppdiffusers (DiTPipeline folders).",
+    )
+    p.add_argument("--from", dest="src_format", required=True, choices=READERS, help="format of SRC")
+    p.add_argument("src", metavar="SRC", help="file or folder to read")
+    p.add_argument("--to", dest="dst_format", required=True, choices=WRITERS, help="format of OUT")
+    p.add_argument("out", metavar="OUT", help="folder to write")
+    p.add_argument("--model", default=None, help="size name such as DiT-XL/2 (default: read off the tensors)")
+    p.add_argument("--num-heads", type=int, default=None, help="attention heads of a DiT of no release size")
+    p.add_argument("--vae", default=None, help="VAE folder or hub id the model's latents came from")
+    p.add_argument("--timestep-convention", choices=("diffusers", "release"), default="diffusers",
+                   help="importing a pipeline: run it as diffusers computes it (default) or as the original DiT")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Convert and say what was written."""
+    from dit_trainer.convert import convert
+
+    out, bundle = convert(args.src_format, args.src, args.dst_format, args.out, model=args.model, vae=args.vae,
+                          num_heads=args.num_heads, convention=args.timestep_convention)
+    extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}
+    note = f" (timestep convention {extra})" if extra else ""
+    print(f"wrote {bundle.model['name']} ({len(bundle.state_dict)} tensors) as {args.dst_format} to {out}{note}")
+    if args.dst_format in ("diffusers", "ppdiffusers") and int(bundle.model.get("num_classes", 1000)) != 1000:
+        # Their DiTPipeline hard-codes label 1000 as the null class.
+        print(f"note: {args.dst_format}' DiTPipeline guides with label 1000 as the null class; this model has "
+              f"{bundle.model['num_classes']} classes, so use guidance_scale=1 there (dit_trainer's DiTPipeline guides)")
+    return 0

@@ -1,0 +1,50 @@
+"""`dit-pt`: a facebookresearch/DiT release file (`DiT-XL-2-256x256.pt`) or its training dict
+(`{"model", "ema", "opt", "args"}`, EMA preferred), read with `torch.load(weights_only=True)`.
+
+The file holds tensors only; the model's size is read off their shapes unless `--model` names it.
+"""
+
+from pathlib import Path
+
+from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, shape_of
+from dit_trainer.errors import CheckpointError
+
+
+def read(src, model=None, num_heads=None, vae=None) -> Bundle:
+    """A Bundle from a released DiT `.pt` (or `.safetensors`); `model` is a size name like DiT-XL/2."""
+    from dit_trainer.train.checkpoint import load_weights
+
+    path = Path(src)
+    if not path.is_file():
+        raise CheckpointError(f"{src} is not a file; --from dit-pt takes a DiT .pt (or .safetensors) file")
+    sd = load_weights(path, prefer_ema=True)
+    cfg = infer_from_state_dict(sd, path.name)
+    if num_heads:
+        cfg = _with(cfg, num_heads=int(num_heads))
+    if model:
+        cfg = _named(cfg, model)
+    check_fits(sd, cfg, path.name)
+    # The release's latents come from SD's VAE at 0.18215; the 512 model is 64x64 latents.
+    return Bundle(state_dict=sd, model=cfg, vae=vae or "stabilityai/sd-vae-ft-mse", scaling_factor=0.18215,
+                  class_names=None, source=str(path))
+
+
+def _with(cfg, **changes):
+    from dit_trainer.convert.model_config import model_config
+
+    shape = {**shape_of(cfg), **changes}
+    rest = {k: cfg[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")}
+    return model_config(shape["depth"], shape["hidden_size"], shape["num_heads"], shape["patch_size"],
+                        mlp_ratio=shape["mlp_ratio"], **rest)
+
+
+def _named(cfg, name):
+    """The inferred config under the size `name` gives (the tensors' own input size and classes)."""
+    from dit_trainer.models.dit import DiT_models
+
+    canonical = next((n for n in DiT_models if n.lower() == str(name).lower()), None)
+    if canonical is None:
+        raise CheckpointError(f"--model {name} is not a DiT size; pick one of {', '.join(DiT_models)}")
+    keep = {k: cfg[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")}
+    return {"name": canonical, **keep}

@@ -1,0 +1,103 @@
+"""`diffusers`: a folder `diffusers.DiTPipeline.from_pretrained` loads.
+
+`model_index.json` (with id2label), `transformer/` (DiTTransformer2DModel config.json and
+diffusion_pytorch_model.safetensors), `scheduler/` (DDIM, linear 1e-4 -> 0.02) and `vae/`.
+The weights map exactly; diffusers' timestep embedding divides its frequencies by 127 where DiT
+divides by 128, so an exported model computes a slightly different function (see docs/convert.md).
+"""
+
+from pathlib import Path
+
+import torch
+
+from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.layout import from_diffusers, to_diffusers
+from dit_trainer.convert.model_config import check_fits, fixed_pos_embed
+from dit_trainer.convert.pipeline_folder import (class_names_from, diffusion_from_scheduler, id2label,
+                                                 model_from_transformer_config, read_json, scheduler_config,
+                                                 transformer_config, write_json)
+from dit_trainer.errors import CheckpointError, ConfigError
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+VERSION = "0.30.0"  # the oldest diffusers with DiTTransformer2DModel
+
+
+def check_pos_embed(bundle: Bundle) -> None:
+    """Refuse weights whose position table is not DiT's fixed one: the pipeline formats recompute it."""
+    ref = fixed_pos_embed(bundle.model)
+    if not torch.equal(ref, bundle.state_dict["pos_embed"].to(ref.dtype)):
+        raise CheckpointError(f"{bundle.source}: pos_embed differs from DiT's fixed sin-cos table, which "
+                              "diffusers recomputes instead of storing; it cannot be exported")
+
+
+def model_index(bundle: Bundle, library: str, transformer_class: str, version_key: str, version: str) -> dict:
+    """model_index.json of a DiTPipeline folder."""
+    return {"_class_name": "DiTPipeline", version_key: version,
+            "id2label": id2label(bundle.class_names, int(bundle.model.get("num_classes", 1000))),
+            "scheduler": [library, "DDIMScheduler"], "transformer": [library, transformer_class],
+            "vae": [library, "AutoencoderKL"]}
+
+
+def load_vae_model(vae):
+    """diffusers' AutoencoderKL from a folder or hub id, with a one-line error if it is missing."""
+    if not vae:
+        raise ConfigError("a DiTPipeline needs the VAE the model was trained with; pass --vae DIR_OR_ID")
+    from diffusers import AutoencoderKL
+
+    try:
+        return AutoencoderKL.from_pretrained(str(vae))
+    except Exception as err:
+        raise ConfigError(f"--vae {vae}: cannot load an AutoencoderKL ({type(err).__name__}); pass a diffusers VAE folder") from None
+
+
+def write(bundle: Bundle, out) -> Path:
+    """Export `bundle` as a diffusers DiTPipeline folder at `out`."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    tcfg = transformer_config(bundle.model, "DiTTransformer2DModel")
+    check_pos_embed(bundle)
+    vae = load_vae_model(bundle.vae)
+    if bundle.scaling_factor is not None:
+        vae.register_to_config(scaling_factor=float(bundle.scaling_factor))  # what the pipeline divides by
+    write_json(out / "model_index.json", model_index(bundle, "diffusers", "DiTTransformer2DModel",
+                                                    "_diffusers_version", VERSION))
+    write_json(out / "scheduler" / "scheduler_config.json", {**scheduler_config(bundle.diffusion), "_diffusers_version": VERSION})
+    write_json(out / "transformer" / "config.json", {**tcfg, "_diffusers_version": VERSION})
+    # diffusers' per-block embedder copies are one tensor here; safetensors wants each stored once.
+    state = {k: v.detach().contiguous().clone() for k, v in to_diffusers(bundle.state_dict).items()}
+    save_file(state, str(out / "transformer" / WEIGHTS), metadata={"format": "pt"})
+    vae.save_pretrained(str(out / "vae"), safe_serialization=True)
+    return out
+
+
+def read(src, convention="diffusers") -> Bundle:
+    """A Bundle from a diffusers DiTPipeline folder (or its transformer/ folder alone)."""
+    from safetensors.torch import load_file
+
+    root = Path(src)
+    tdir = root / "transformer" if (root / "transformer").is_dir() else root
+    tcfg = read_json(tdir / "config.json")
+    model = model_from_transformer_config(tcfg, tdir / "config.json", convention)
+    files = sorted(tdir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{tdir} holds no .safetensors weights; re-save the pipeline with safe_serialization=True")
+    sd = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    vae_dir = root / "vae"
+    return pipeline_bundle(root, tdir, model, sd, str(vae_dir) if vae_dir.is_dir() else None)
+
+
+def pipeline_bundle(root, tdir, model, sd, vae) -> Bundle:
+    """A Bundle from a pipeline folder's parts: transformer tensors in diffusers' names (torch layout)."""
+    ours = from_diffusers(sd, fixed_pos_embed(model), source=str(tdir))
+    check_fits(ours, model, tdir)
+    index = read_json(root / "model_index.json") if (root / "model_index.json").is_file() else {}
+    sched = root / "scheduler" / "scheduler_config.json"
+    diffusion = diffusion_from_scheduler(read_json(sched), sched) if sched.is_file() else None
+    vae_cfg = root / "vae" / "config.json"
+    scaling = read_json(vae_cfg).get("scaling_factor", 0.18215) if vae_cfg.is_file() else None
+    return Bundle(state_dict=ours, model=model, vae=vae,
+                  scaling_factor=scaling, class_names=class_names_from(index, int(model["num_classes"])),
+                  diffusion=diffusion or {"num_timesteps": 1000, "noise_schedule": "linear"}, source=str(root))

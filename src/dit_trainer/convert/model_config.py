@@ -1,0 +1,163 @@
+"""Our DiT model config from what a converted file tells: its tensors, a diffusers config, a
+PaddleMIX JSON. Every reader hands back a plain dict with `ModelConfig`'s field names
+(`name`, `input_size`, `in_channels`, `num_classes`, `learn_sigma`, `class_dropout_prob`, and the
+size overrides `depth`, `hidden_size`, `num_heads`, `mlp_ratio` only where the name's size differs),
+plus the timestep convention of the weights when it is not the release's.
+"""
+
+import inspect
+import math
+import re
+
+from dit_trainer.errors import CheckpointError, ConfigError
+
+# (depth, hidden size, heads) of each released size; the head count is not in the tensors.
+SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+PATCHES = (2, 4, 8)
+
+# The release's function: frequencies over half the embedding, LayerNorm eps 1e-6 everywhere.
+# diffusers' port divides by half - 1 and gives the MLP's LayerNorm (norm2) eps 1e-5.
+RELEASE_CONVENTION = {"timestep_freq_shift": 0, "mlp_norm_eps": 1e-6}
+DIFFUSERS_CONVENTION = {"timestep_freq_shift": 1, "mlp_norm_eps": 1e-5}
+CONVENTION_KEYS = tuple(RELEASE_CONVENTION)
+
+
+def dit_name(depth, hidden_size, num_heads, patch_size) -> tuple:
+    """(registered name, size overrides) for a DiT of this shape: a release size, or S with overrides."""
+    if patch_size not in PATCHES:
+        raise ConfigError(f"patch size {patch_size} is not one of DiT's {PATCHES}")
+    for size, shape in SIZES.items():
+        if shape == (depth, hidden_size, num_heads):
+            return f"DiT-{size}/{patch_size}", {}
+    return f"DiT-S/{patch_size}", {"depth": int(depth), "hidden_size": int(hidden_size), "num_heads": int(num_heads)}
+
+
+def model_config(depth, hidden_size, num_heads, patch_size, input_size, in_channels=4, num_classes=1000,
+                 learn_sigma=True, class_dropout_prob=0.1, mlp_ratio=4.0, **convention) -> dict:
+    """Our model-config dict for a DiT of this shape (size overrides only where needed)."""
+    name, overrides = dit_name(depth, hidden_size, num_heads, patch_size)
+    cfg = {"name": name, "input_size": int(input_size), "in_channels": int(in_channels),
+           "num_classes": int(num_classes), "learn_sigma": bool(learn_sigma),
+           "class_dropout_prob": float(class_dropout_prob), **overrides}
+    if float(mlp_ratio) != 4.0:
+        cfg["mlp_ratio"] = float(mlp_ratio)
+    for key, value in convention.items():
+        if key not in RELEASE_CONVENTION:
+            raise ConfigError(f"unknown timestep convention key {key!r}; known: {', '.join(CONVENTION_KEYS)}")
+        if value != RELEASE_CONVENTION[key]:
+            cfg[key] = value
+    return cfg
+
+
+def shape_of(cfg: dict) -> dict:
+    """depth, hidden_size, num_heads, patch_size, mlp_ratio of a model-config dict (name + overrides)."""
+    m = re.fullmatch(r"DiT-(S|B|L|XL)/(\d+)", str(cfg.get("name", "")))
+    if not m:
+        raise ConfigError(f"model {cfg.get('name')!r} is not a DiT size name like DiT-XL/2; only DiT converts to this format")
+    depth, hidden, heads = SIZES[m.group(1)]
+    return {"depth": int(cfg.get("depth") or depth), "hidden_size": int(cfg.get("hidden_size") or hidden),
+            "num_heads": int(cfg.get("num_heads") or heads), "patch_size": int(m.group(2)),
+            "mlp_ratio": float(cfg.get("mlp_ratio") or 4.0)}
+
+
+def convention_of(cfg: dict) -> dict:
+    """The timestep convention a model-config dict records (the release's when it records none)."""
+    return {k: cfg.get(k, v) for k, v in RELEASE_CONVENTION.items()}
+
+
+def infer_from_state_dict(sd: dict, source="weights") -> dict:
+    """Model config of a DiT state dict (release names) read off its tensor shapes."""
+    need = ("x_embedder.proj.weight", "pos_embed", "final_layer.linear.weight", "y_embedder.embedding_table.weight")
+    missing = [k for k in need if k not in sd]
+    if missing:
+        raise CheckpointError(f"{source} is not a DiT state dict: it has no {', '.join(missing)} "
+                              f"(first keys: {', '.join(list(sd)[:3])}); pass a DiT checkpoint")
+    proj = sd["x_embedder.proj.weight"]
+    hidden, in_channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[-1])
+    depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+    grid = math.isqrt(int(sd["pos_embed"].shape[1]))
+    out_channels = int(sd["final_layer.linear.weight"].shape[0]) // (patch * patch)
+    rows = int(sd["y_embedder.embedding_table.weight"].shape[0])
+    fc1 = sd.get("blocks.0.mlp.fc1.weight")
+    mlp_ratio = fc1.shape[0] / hidden if fc1 is not None else 4.0
+    heads = next((h for d, w, h in SIZES.values() if (d, w) == (depth, hidden)), None)
+    if heads is None:
+        if hidden % 64:
+            raise CheckpointError(f"{source}: a DiT of depth {depth} and hidden size {hidden} is no release size and "
+                                  "its head count is not in the tensors; pass --num-heads")
+        heads = hidden // 64  # every release size but XL uses 64-wide heads
+    # Released checkpoints and ours always hold the null-class row that guidance needs.
+    return model_config(depth, hidden, heads, patch, grid * patch, in_channels, rows - 1,
+                        learn_sigma=out_channels == 2 * in_channels, mlp_ratio=mlp_ratio)
+
+
+def expected_shapes(cfg: dict) -> dict:
+    """name -> shape of the state dict of the DiT `cfg` describes (built on the meta device)."""
+    import torch
+
+    with torch.device("meta"):
+        model = build_dit(cfg, check_convention=False)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_fits(sd: dict, cfg: dict, source) -> None:
+    """Refuse a state dict that does not fit `cfg`, naming the first differing keys and the size the tensors fit."""
+    want = expected_shapes(cfg)
+    missing = [k for k in want if k not in sd]
+    unexpected = [k for k in sd if k not in want]
+    wrong = [k for k in want if k in sd and tuple(sd[k].shape) != want[k]]
+    if not (missing or unexpected or wrong):
+        return
+    parts = []
+    if wrong:
+        parts.append(f"{wrong[0]} is {tuple(sd[wrong[0]].shape)} but {cfg['name']} has {want[wrong[0]]}")
+    if missing:
+        parts.append(f"missing {', '.join(missing[:3])}")
+    if unexpected:
+        parts.append(f"unexpected {', '.join(unexpected[:3])}")
+    try:
+        fit = infer_from_state_dict(sd, source)
+        shape = shape_of(fit)
+        hint = (f"; the tensors fit {fit['name']} (depth {shape['depth']}, hidden {shape['hidden_size']}, "
+                f"input_size {fit['input_size']}, num_classes {fit['num_classes']})")
+    except Exception:
+        hint = ""
+    raise CheckpointError(f"{source} does not fit {cfg['name']} ({'; '.join(parts)}){hint}")
+
+
+def fixed_pos_embed(cfg: dict):
+    """The (1, N, hidden) sin-cos position table our DiT computes for `cfg` (never trained)."""
+    import torch
+
+    from dit_trainer.models.layers import get_2d_sincos_pos_embed
+
+    shape = shape_of(cfg)
+    grid = int(cfg["input_size"]) // shape["patch_size"]
+    return torch.from_numpy(get_2d_sincos_pos_embed(shape["hidden_size"], grid)).float().unsqueeze(0)
+
+
+def dit_supports_convention() -> bool:
+    """Whether our DiT's constructor takes the timestep-convention arguments."""
+    from dit_trainer.models.dit import DiT
+
+    params = inspect.signature(DiT.__init__).parameters
+    return all(k in params for k in CONVENTION_KEYS)
+
+
+def build_dit(cfg: dict, check_convention=True):
+    """Our DiT for a model-config dict, with its timestep convention when DiT supports one."""
+    from dit_trainer.models import get_spec, model_kwargs
+
+    convention = {k: v for k, v in cfg.items() if k in CONVENTION_KEYS and v != RELEASE_CONVENTION[k]}
+    build = get_spec(cfg["name"]).build_model_fn
+    if not convention:
+        return build({k: v for k, v in cfg.items() if k not in CONVENTION_KEYS})
+    if dit_supports_convention():
+        from dit_trainer.models.dit import DiT_models
+
+        return DiT_models[cfg["name"]](**{**model_kwargs(cfg), **convention})
+    if check_convention:
+        raise ConfigError(f"the model records diffusers' timestep convention {convention}, which this "
+                          "dit-trainer's DiT does not implement yet; sampling it with the release's convention "
+                          "would give other images")
+    return build({k: v for k, v in cfg.items() if k not in CONVENTION_KEYS})

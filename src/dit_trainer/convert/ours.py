@@ -1,0 +1,137 @@
+"""`ours`: a run folder or checkpoint folder of this project (EMA weights + config.yaml).
+
+Written as a checkpoint folder that `dit sample --ckpt OUT` and `DiTPipeline.from_pretrained(OUT)`
+read: `config.yaml`, `ema.safetensors`, the VAE under `vae/` when the source carried one, and
+`labels.json` with the class names when they are not ImageNet's.
+"""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
+from dit_trainer.errors import CheckpointError, ConfigError
+
+WEIGHTS = ("ema.safetensors", "model.safetensors")
+
+
+def checkpoint_dir(src) -> Path:
+    """The checkpoint folder of `src`: itself, or a run folder's newest checkpoint."""
+    from dit_trainer.train.checkpoint import latest_checkpoint
+
+    path = Path(src)
+    if not path.is_dir():
+        raise CheckpointError(f"{src} is not a folder; --from ours takes a run folder or a checkpoint folder")
+    if any((path / name).is_file() for name in WEIGHTS):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"{src} holds neither ema.safetensors nor checkpoints/step-*; pass a run or checkpoint folder")
+    return latest
+
+
+def read_config(path) -> tuple:
+    """(Config, convention dict) from a config.yaml; the convention keys are read beside the Config,
+    which does not know them yet."""
+    from dit_trainer.config import config_from_dict
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{file} does not exist; a converted folder needs its config.yaml")
+    data = yaml.safe_load(file.read_text()) or {}
+    model = dict(data.get("model") or {})
+    convention = {k: model.pop(k) for k in CONVENTION_KEYS if k in model}
+    return config_from_dict({**data, "model": model}), convention
+
+
+def model_dict(cfg, convention=None) -> dict:
+    """Our model-config dict from a Config's model section."""
+    fields = dataclasses.asdict(cfg.model)
+    keep = {k: v for k, v in fields.items() if v is not None and k != "weights_path"}
+    merged = {**keep, **(convention or {})}
+    # The release's convention is the default and stays implicit, whether or not Config knows the keys.
+    return {k: v for k, v in merged.items() if not (k in RELEASE_CONVENTION and v == RELEASE_CONVENTION[k])}
+
+
+def read(src, model=None, vae=None) -> Bundle:
+    """A Bundle from our run or checkpoint folder (EMA weights)."""
+    from dit_trainer.class_names import dataset_class_names
+    from dit_trainer.sample import vae_source
+    from dit_trainer.train.checkpoint import load_weights
+
+    path = checkpoint_dir(src)
+    cfg, convention = read_config(path / "config.yaml")
+    if model and model.lower() != cfg.model.name.lower():
+        raise ConfigError(f"--model {model} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
+    sd = load_weights(path, prefer_ema=True)
+    mcfg = model_dict(cfg, convention)
+    check_fits(sd, mcfg, path)
+    names = _labels(path) or dataset_class_names(cfg)
+    source = vae_source(cfg, vae)
+    vae_id, scaling, shift = source if source else (None, None, None)
+    if shift is not None:
+        raise ConfigError(f"{path}: the latents carry a shift factor ({shift}), which diffusers' DiTPipeline cannot undo")
+    diffusion = {"num_timesteps": cfg.diffusion.num_timesteps, "noise_schedule": cfg.diffusion.noise_schedule,
+                 "predict_xstart": cfg.diffusion.predict_xstart}
+    return Bundle(state_dict=sd, model=mcfg, vae=vae_id, scaling_factor=scaling, class_names=names,
+                  diffusion=diffusion, source=str(path))
+
+
+def _labels(path):
+    file = Path(path) / "labels.json"
+    if file.is_file():
+        names = json.loads(file.read_text()).get("class_names")
+        return [str(n) for n in names] if names else None
+    return None
+
+
+def write(bundle: Bundle, out) -> Path:
+    """Write `bundle` as our checkpoint folder at `out`; returns it."""
+    from safetensors.torch import save_file
+
+    from dit_trainer.class_names import imagenet_class_names
+    from dit_trainer.config import Config, config_yaml
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = Config()
+    plain = {k: v for k, v in bundle.model.items() if k not in CONVENTION_KEYS}
+    for key, value in plain.items():
+        setattr(cfg.model, key, value)
+    cfg.diffusion.num_timesteps = int(bundle.diffusion.get("num_timesteps", 1000))
+    cfg.diffusion.noise_schedule = bundle.diffusion.get("noise_schedule", "linear")
+    cfg.diffusion.predict_xstart = bool(bundle.diffusion.get("predict_xstart", False))
+    cfg.model.weights_path = None
+    cfg.data.path = None
+    if bundle.vae:
+        cfg.data.vae = _copy_vae(bundle.vae, out / "vae")
+        cfg.data.scaling_factor = float(bundle.scaling_factor or 0.18215)
+        cfg.data.image_size = int(bundle.model["input_size"]) * 8
+    else:
+        cfg.data.vae, cfg.data.image_size = None, int(bundle.model["input_size"])
+    names = bundle.class_names
+    if names and not (len(names) == 1000 and list(names) == imagenet_class_names()):
+        (out / "labels.json").write_text(json.dumps({"class_names": list(names)}, indent=1))
+        cfg.data.labels_file = str((out / "labels.json").resolve())
+    data = yaml.safe_load(config_yaml(cfg))
+    data["model"].update({k: v for k, v in bundle.model.items() if k in CONVENTION_KEYS})
+    (out / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    state = {k: v.detach().contiguous().clone() for k, v in bundle.state_dict.items()}
+    save_file(state, str(out / "ema.safetensors"))
+    return out
+
+
+def _copy_vae(vae, dest: Path) -> str:
+    """A local diffusers VAE folder is copied next to the weights; a hub id is recorded as it is."""
+    src = Path(vae)
+    if not src.is_dir():
+        return str(vae)
+    if src.resolve() != dest.resolve():
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(src, dest)
+    return str(dest.resolve())

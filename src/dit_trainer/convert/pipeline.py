@@ -1,0 +1,107 @@
+"""A one-call pipeline in diffusers' manner over this project's sampler:
+
+    pipe = DiTPipeline.from_pretrained("outputs/run")        # or a converted / DiTPipeline folder
+    images = pipe(class_labels=["golden retriever", 360], num_inference_steps=25, guidance_scale=4.0)
+
+It is thin: the folder is read by the converters, sampling is `dit_trainer.sample.sample_latents`,
+decoding `load_decoder` + `to_images`.
+"""
+
+from pathlib import Path
+
+import torch
+
+from dit_trainer.errors import ConfigError
+
+
+def _read_any(path, vae=None):
+    from dit_trainer.convert import read
+
+    root = Path(path)
+    if (root / "model_index.json").is_file():
+        paddle = (root / "transformer" / "model_state.pdparams").is_file()
+        return read("ppdiffusers" if paddle else "diffusers", root, vae=vae)
+    if root.is_file():
+        return read("dit-pt", root, vae=vae)
+    return read("ours", root, vae=vae)
+
+
+def _seed_from(generator, shape) -> int:
+    """The seed `sample_latents` draws the same starting noise from as diffusers does from `generator`.
+
+    A fresh CPU generator's first normal draw is exactly the noise of its initial seed, so that seed
+    is used; the generator is advanced by the draw, as diffusers advances it. Any other generator
+    gives a seed drawn from it (same state, same images, but not diffusers' noise).
+    """
+    fresh = generator.device.type == "cpu" and torch.equal(
+        generator.get_state(), torch.Generator().manual_seed(generator.initial_seed()).get_state())
+    if fresh:
+        seed = generator.initial_seed()
+        torch.randn(shape, generator=generator)
+        return seed
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+
+
+class DiTPipeline:
+    """Class-conditional sampling from a run folder, a converted folder or a DiTPipeline folder."""
+
+    def __init__(self, model, cfg, decoder=(None, None, None), class_names=None, device="cpu"):
+        self.model, self.cfg, self.decoder = model.eval(), cfg, decoder
+        self.class_names = class_names
+        self.device = torch.device(device)
+
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", vae=None):
+        """Load a run/checkpoint folder, a folder `dit convert` wrote, a diffusers or ppdiffusers
+        DiTPipeline folder, or a released DiT .pt."""
+        from dit_trainer.class_names import imagenet_class_names
+        from dit_trainer.config import config_from_dict
+        from dit_trainer.convert.model_config import CONVENTION_KEYS, build_dit
+        from dit_trainer.sample import load_decoder
+
+        if not Path(path).exists():
+            raise ConfigError(f"{path} does not exist; pass a run folder, a converted folder or a DiTPipeline folder")
+        bundle = _read_any(path, vae)
+        model = build_dit(bundle.model)
+        model.load_state_dict(bundle.state_dict, strict=True)
+        model.to(device)
+        cfg = config_from_dict({
+            "model": {k: v for k, v in bundle.model.items() if k not in CONVENTION_KEYS},
+            "diffusion": dict(bundle.diffusion),
+            "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215},
+        })
+        decoder = load_decoder(cfg, device=device) if bundle.vae else (None, None, None)
+        names = bundle.class_names
+        if names is None and model.num_classes == 1000:
+            names = imagenet_class_names()
+        return cls(model, cfg, decoder, names, device)
+
+    def get_label_ids(self, label):
+        """Class ids for a name or a list of names (any synonym, case-insensitive), as diffusers' pipeline."""
+        from dit_trainer.class_names import resolve_labels
+
+        labels = [label] if isinstance(label, (str, int)) else list(label)
+        return resolve_labels(labels, self.class_names, self.model.num_classes)
+
+    @torch.no_grad()
+    def __call__(self, class_labels, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
+                 sampler="ddim", output_type="pil", progress=False):
+        """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1]."""
+        from dit_trainer.sample import sample_latents, to_images, to_uint8
+
+        if output_type not in ("pil", "np"):
+            raise ConfigError(f"output_type {output_type!r} is not 'pil' or 'np'")
+        labels = self.get_label_ids(class_labels)
+        if generator is not None:
+            size = self.model.x_embedder.img_size[0]
+            seed = _seed_from(generator, (len(labels), self.model.in_channels, size, size))
+        samples = sample_latents(self.model, self.cfg, labels, cfg_scale=guidance_scale, sampler=sampler,
+                                 steps=int(num_inference_steps), seed=int(seed or 0), device=self.device,
+                                 progress=progress)
+        images = to_images(samples, *self.decoder).cpu()
+        if output_type == "np":
+            return ((images + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+        from PIL import Image
+
+        arr = to_uint8(images)
+        return [Image.fromarray(a[..., 0] if a.shape[-1] == 1 else a) for a in arr]

@@ -1,0 +1,46 @@
+"""Helpers of the converter tests (a unique module name, so no other folder's helper shadows it)."""
+
+import math
+
+import torch
+
+# DiT-S/2's family at a toy size: 8x8 latents, 2 blocks, hidden 64, 2 heads, 10 classes.
+TINY = {"name": "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10, "learn_sigma": True,
+        "class_dropout_prob": 0.1, "depth": 2, "hidden_size": 64, "num_heads": 2}
+CLASS_NAMES = [f"thing {i}, alias {i}" for i in range(10)]
+
+
+def randomize(model, seed=0, std=0.1):
+    """Random values in every trained tensor (DiT's init zeroes adaLN and the head, hiding mistakes)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name != "pos_embed":
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+def emulate_convention(model, timestep_freq_shift=0, mlp_norm_eps=1e-6):
+    """Our DiT under a timestep convention, for as long as DiT lacks the constructor options:
+    frequencies over (half - shift) and the MLP LayerNorm's eps, as diffusers' port computes."""
+    emb = model.t_embedder
+    half = emb.frequency_embedding_size // 2
+
+    def forward(t):
+        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / (half - timestep_freq_shift))
+        args = t[:, None].float() * freqs[None].to(t.device)
+        return emb.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
+
+    emb.forward = forward
+    for block in model.blocks:
+        block.norm2.eps = mlp_norm_eps
+    return model
+
+
+def build_with_convention(cfg):
+    """Our model for a model-config dict, honouring its recorded convention (natively once DiT can)."""
+    from dit_trainer.convert.model_config import build_dit, convention_of, dit_supports_convention
+
+    if dit_supports_convention():
+        return build_dit(cfg)
+    return emulate_convention(build_dit(cfg, check_convention=False), **convention_of(cfg))

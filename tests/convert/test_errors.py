@@ -1,0 +1,91 @@
+"""Bad inputs fail with CheckpointError naming the file and what is wrong."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from dit_trainer.convert import convert, read
+from dit_trainer.convert.pdparams import load_pdparams, save_pdparams
+from dit_trainer.errors import CheckpointError
+
+from convert_helpers import TINY, randomize
+
+
+def _release_pt(path, cfg=TINY):
+    from dit_trainer.convert.model_config import build_dit
+
+    torch.save(randomize(build_dit(cfg)).state_dict(), path)
+    return path
+
+
+def test_truncated_pt(tmp_path):
+    path = _release_pt(tmp_path / "DiT.pt")
+    path.write_bytes(path.read_bytes()[: os.path.getsize(path) // 2])
+    with pytest.raises(CheckpointError, match="DiT.pt"):
+        read("dit-pt", path)
+
+
+def test_foreign_pt(tmp_path):
+    path = tmp_path / "resnet.pt"
+    torch.save({"conv1.weight": torch.zeros(8, 3, 3, 3), "fc.bias": torch.zeros(8)}, path)
+    with pytest.raises(CheckpointError, match="not a DiT state dict.*x_embedder"):
+        read("dit-pt", path)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_pt_holding_code(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"x_embedder.proj.weight": torch.zeros(1), "hook": _Payload()}, path)
+    with pytest.raises(CheckpointError, match="weights-only"):
+        read("dit-pt", path)
+
+
+def test_pdparams_holding_code(tmp_path):
+    path = tmp_path / "model_state.pdparams"
+    path.write_bytes(pickle.dumps({"w": np.zeros(3, dtype=np.float32), "x": _Payload()}))
+    with pytest.raises(CheckpointError, match="posix.system|nt.system|more than numpy arrays"):
+        load_pdparams(path)
+
+
+@pytest.mark.parametrize("value", [[1, 2], np.array(["a", None], dtype=object), "text"])
+def test_pdparams_holding_non_arrays(tmp_path, value):
+    path = tmp_path / "model_state.pdparams"
+    path.write_bytes(pickle.dumps({"w": np.zeros(3, dtype=np.float32), "x": value}))
+    with pytest.raises(CheckpointError, match="model_state.pdparams"):
+        load_pdparams(path)
+
+
+def test_pdparams_round_trip_transposes_linears(tmp_path):
+    sd = {"a.weight": torch.randn(3, 5), "emb.embedding_table.weight": torch.randn(4, 2),
+          "conv.weight": torch.randn(2, 3, 1, 1), "a.bias": torch.randn(3)}
+    save_pdparams(sd, tmp_path / "m.pdparams")
+    with open(tmp_path / "m.pdparams", "rb") as f:
+        raw = pickle.load(f)
+    assert raw["a.weight"].shape == (5, 3) and raw["emb.embedding_table.weight"].shape == (4, 2)
+    back = load_pdparams(tmp_path / "m.pdparams")
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_differing_per_block_embedders_refused(ours_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    out, _ = convert("ours", ours_dir, "diffusers", tmp_path / "d")
+    f = out / "transformer" / "diffusion_pytorch_model.safetensors"
+    sd = load_file(str(f))
+    sd["transformer_blocks.1.norm1.emb.timestep_embedder.linear_1.bias"] += 1
+    save_file(sd, str(f))
+    with pytest.raises(CheckpointError, match="transformer_blocks.1.norm1.emb.timestep_embedder.linear_1.bias differs"):
+        read("diffusers", out)
+
+
+def test_wrong_model_name_names_key_and_fit(tmp_path):
+    path = _release_pt(tmp_path / "DiT.pt")
+    with pytest.raises(CheckpointError, match=r"pos_embed is \(1, 16, 64\) but DiT-B/2 has \(1, 16, 768\).*missing blocks.2.*fit DiT-S/2 \(depth 2, hidden 64"):
+        read("dit-pt", path, model="DiT-B/2")
