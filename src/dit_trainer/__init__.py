@@ -16,6 +16,7 @@ _LAZY = {
     "create_diffusion": "dit_trainer.diffusion",
     "Config": "dit_trainer.config",
     "load_config": "dit_trainer.config",
+    "DiTPipeline": "dit_trainer.convert.pipeline",
 }
 
 

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "dit_trainer.demo",  # dit demo
     "dit_trainer.data.cli",  # dit extract, dit data convert|verify
     "dit_trainer.evaluate.cli",  # dit eval
+    "dit_trainer.convert",  # dit convert
 )
 
 

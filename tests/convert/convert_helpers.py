@@ -1,7 +1,5 @@
 """Helpers of the converter tests (a unique module name, so no other folder's helper shadows it)."""
 
-import math
-
 import torch
 
 # DiT-S/2's family at a toy size: 8x8 latents, 2 blocks, hidden 64, 2 heads, 10 classes.
@@ -20,27 +18,8 @@ def randomize(model, seed=0, std=0.1):
     return model
 
 
-def emulate_convention(model, timestep_freq_shift=0, mlp_norm_eps=1e-6):
-    """Our DiT under a timestep convention, for as long as DiT lacks the constructor options:
-    frequencies over (half - shift) and the MLP LayerNorm's eps, as diffusers' port computes."""
-    emb = model.t_embedder
-    half = emb.frequency_embedding_size // 2
-
-    def forward(t):
-        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / (half - timestep_freq_shift))
-        args = t[:, None].float() * freqs[None].to(t.device)
-        return emb.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
-
-    emb.forward = forward
-    for block in model.blocks:
-        block.norm2.eps = mlp_norm_eps
-    return model
-
-
 def build_with_convention(cfg):
-    """Our model for a model-config dict, honouring its recorded convention (natively once DiT can)."""
-    from dit_trainer.convert.model_config import build_dit, convention_of, dit_supports_convention
+    """Our model for a model-config dict, honouring its recorded timestep convention."""
+    from dit_trainer.convert.model_config import build_dit
 
-    if dit_supports_convention():
-        return build_dit(cfg)
-    return emulate_convention(build_dit(cfg, check_convention=False), **convention_of(cfg))
+    return build_dit(cfg)

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from dit_trainer.convert import convert
-from dit_trainer.convert.model_config import dit_supports_convention
 from dit_trainer.convert.pipeline import DiTPipeline
 
 
@@ -39,7 +38,6 @@ def test_generator_advances_like_diffusers(pipe):
     assert not np.allclose(first, second)
 
 
-@pytest.mark.skipif(not dit_supports_convention(), reason="DiT lacks timestep_freq_shift/mlp_norm_eps (see report)")
 def test_pipeline_on_diffusers_folder_gives_diffusers_images(ours_dir_1k, tmp_path):
     from diffusers import DiTPipeline as HFPipeline
 

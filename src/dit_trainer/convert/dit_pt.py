@@ -13,7 +13,7 @@ from dit_trainer.errors import CheckpointError
 
 def read(src, model=None, num_heads=None, vae=None) -> Bundle:
     """A Bundle from a released DiT `.pt` (or `.safetensors`); `model` is a size name like DiT-XL/2."""
-    from dit_trainer.train.checkpoint import load_weights
+    from dit_trainer.checkpoint import load_weights
 
     path = Path(src)
     if not path.is_file():

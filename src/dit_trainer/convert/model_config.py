@@ -5,7 +5,6 @@ size overrides `depth`, `hidden_size`, `num_heads`, `mlp_ratio` only where the n
 plus the timestep convention of the weights when it is not the release's.
 """
 
-import inspect
 import math
 import re
 
@@ -96,7 +95,7 @@ def expected_shapes(cfg: dict) -> dict:
     import torch
 
     with torch.device("meta"):
-        model = build_dit(cfg, check_convention=False)
+        model = build_dit(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -136,28 +135,8 @@ def fixed_pos_embed(cfg: dict):
     return torch.from_numpy(get_2d_sincos_pos_embed(shape["hidden_size"], grid)).float().unsqueeze(0)
 
 
-def dit_supports_convention() -> bool:
-    """Whether our DiT's constructor takes the timestep-convention arguments."""
-    from dit_trainer.models.dit import DiT
+def build_dit(cfg: dict):
+    """Our model for a model-config dict, with the timestep convention it records (DiT's options)."""
+    from dit_trainer.models import get_spec
 
-    params = inspect.signature(DiT.__init__).parameters
-    return all(k in params for k in CONVENTION_KEYS)
-
-
-def build_dit(cfg: dict, check_convention=True):
-    """Our DiT for a model-config dict, with its timestep convention when DiT supports one."""
-    from dit_trainer.models import get_spec, model_kwargs
-
-    convention = {k: v for k, v in cfg.items() if k in CONVENTION_KEYS and v != RELEASE_CONVENTION[k]}
-    build = get_spec(cfg["name"]).build_model_fn
-    if not convention:
-        return build({k: v for k, v in cfg.items() if k not in CONVENTION_KEYS})
-    if dit_supports_convention():
-        from dit_trainer.models.dit import DiT_models
-
-        return DiT_models[cfg["name"]](**{**model_kwargs(cfg), **convention})
-    if check_convention:
-        raise ConfigError(f"the model records diffusers' timestep convention {convention}, which this "
-                          "dit-trainer's DiT does not implement yet; sampling it with the release's convention "
-                          "would give other images")
-    return build({k: v for k, v in cfg.items() if k not in CONVENTION_KEYS})
+    return get_spec(cfg["name"]).build_model_fn(cfg)

@@ -5,7 +5,6 @@ read: `config.yaml`, `ema.safetensors`, the VAE under `vae/` when the source car
 `labels.json` with the class names when they are not ImageNet's.
 """
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +20,7 @@ WEIGHTS = ("ema.safetensors", "model.safetensors")
 
 def checkpoint_dir(src) -> Path:
     """The checkpoint folder of `src`: itself, or a run folder's newest checkpoint."""
-    from dit_trainer.train.checkpoint import latest_checkpoint
+    from dit_trainer.checkpoint import latest_checkpoint
 
     path = Path(src)
     if not path.is_dir():
@@ -50,7 +49,7 @@ def read_config(path) -> tuple:
 
 def model_dict(cfg, convention=None) -> dict:
     """Our model-config dict from a Config's model section."""
-    fields = dataclasses.asdict(cfg.model)
+    fields = cfg.to_dict()["model"]  # family options (depth, ...) flattened beside the shared fields
     keep = {k: v for k, v in fields.items() if v is not None and k != "weights_path"}
     merged = {**keep, **(convention or {})}
     # The release's convention is the default and stays implicit, whether or not Config knows the keys.
@@ -61,7 +60,7 @@ def read(src, model=None, vae=None) -> Bundle:
     """A Bundle from our run or checkpoint folder (EMA weights)."""
     from dit_trainer.class_names import dataset_class_names
     from dit_trainer.sample import vae_source
-    from dit_trainer.train.checkpoint import load_weights
+    from dit_trainer.checkpoint import load_weights
 
     path = checkpoint_dir(src)
     cfg, convention = read_config(path / "config.yaml")

@@ -63,10 +63,13 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-def timestep_embedding(t, dim, max_period=10000):
-    """Sinusoidal embedding of (possibly fractional) timesteps, cos half first as in DiT."""
+def timestep_embedding(t, dim, max_period=10000, freq_shift=0):
+    """Sinusoidal embedding of (possibly fractional) timesteps, cos half first as in DiT.
+
+    `freq_shift=1` spaces the frequencies over half - 1, as diffusers' port of DiT does.
+    """
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(0, half, dtype=torch.float32) / half).to(t.device)
+    freqs = torch.exp(-math.log(max_period) * torch.arange(0, half, dtype=torch.float32) / (half - freq_shift)).to(t.device)
     args = t[:, None].float() * freqs[None]
     embedding = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
     if dim % 2:

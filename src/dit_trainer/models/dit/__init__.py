@@ -2,9 +2,21 @@
 registered under the release's names ("DiT-XL/2", ...)."""
 
 from dit_trainer.models.dit.config import DiTConfig
-from dit_trainer.models.dit.model import (
+from dit_trainer.models.dit.model import (  # noqa: F401 (the release's constructor names are public)
     DiT,
+    DiT_B_2,
+    DiT_B_4,
+    DiT_B_8,
+    DiT_L_2,
+    DiT_L_4,
+    DiT_L_8,
     DiT_models,
+    DiT_S_2,
+    DiT_S_4,
+    DiT_S_8,
+    DiT_XL_2,
+    DiT_XL_4,
+    DiT_XL_8,
     DiTBlock,
     FinalLayer,
     LabelEmbedder,

@@ -21,7 +21,7 @@ def modulate(x, shift, scale):
 class TimestepEmbedder(nn.Module):
     """Embeds scalar timesteps: sinusoidal frequencies, then an MLP."""
 
-    def __init__(self, hidden_size, frequency_embedding_size=256):
+    def __init__(self, hidden_size, frequency_embedding_size=256, freq_shift=0):
         super().__init__()
         self.mlp = nn.Sequential(
             nn.Linear(frequency_embedding_size, hidden_size, bias=True),
@@ -29,11 +29,12 @@ class TimestepEmbedder(nn.Module):
             nn.Linear(hidden_size, hidden_size, bias=True),
         )
         self.frequency_embedding_size = frequency_embedding_size
+        self.freq_shift = freq_shift
 
     timestep_embedding = staticmethod(timestep_embedding)
 
     def forward(self, t):
-        return self.mlp(timestep_embedding(t, self.frequency_embedding_size))
+        return self.mlp(timestep_embedding(t, self.frequency_embedding_size, freq_shift=self.freq_shift))
 
 
 class LabelEmbedder(nn.Module):
@@ -64,11 +65,11 @@ class LabelEmbedder(nn.Module):
 class DiTBlock(nn.Module):
     """Transformer block with adaLN-Zero conditioning: six modulation vectors from c."""
 
-    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0):
+    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0, mlp_norm_eps=1e-6):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
-        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=mlp_norm_eps)
         self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
 
@@ -108,6 +109,8 @@ class DiT(nn.Module):
         class_dropout_prob=0.1,
         num_classes=1000,
         learn_sigma=True,
+        timestep_freq_shift=0,
+        mlp_norm_eps=1e-6,
     ):
         super().__init__()
         if input_size % patch_size:
@@ -121,11 +124,13 @@ class DiT(nn.Module):
         self.input_size = input_size
 
         self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True)
-        self.t_embedder = TimestepEmbedder(hidden_size)
+        # diffusers' port: timestep_freq_shift=1, mlp_norm_eps=1e-5 (the release: 0 and 1e-6).
+        self.t_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         # A frozen Parameter rather than a buffer, as in the release: same state_dict, same count.
         self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
-        self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio) for _ in range(depth)])
+        self.blocks = nn.ModuleList(
+            [DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio, mlp_norm_eps=mlp_norm_eps) for _ in range(depth)])
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()
 
