@@ -217,8 +217,9 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
     """
     from pathlib import Path
 
-    from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    from dit_trainer.checkpoint.files import load_safetensors as load_file
 
     path = Path(path)
     model_parts = _as_list(model_parts)
@@ -228,12 +229,12 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
         return {k: (fused_rows_to_tp_layout(v, *fused[k]) if k in fused else v) for k, v in sd.items()}
 
     full = StateDictOptions(full_state_dict=True, strict=False)
-    model_sd = to_tp(load_file(str(path / "model.safetensors")))
+    model_sd = to_tp(load_file(path / "model.safetensors"))
     for part in model_parts:
         own = {n for n, _ in part.named_parameters()}
         set_model_state_dict(part, {k: v for k, v in model_sd.items() if k in own}, options=full)
     if ema is not None:
-        ema_sd = to_tp(load_file(str(path / "ema.safetensors")))
+        ema_sd = to_tp(load_file(path / "ema.safetensors"))
         ema.load_state_dict({k: v for k, v in ema_sd.items() if k in ema.shadow}, strict=False)
     if optimizer is None or not (path / "optimizer.pt").is_file():
         return
