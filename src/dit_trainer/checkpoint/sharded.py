@@ -203,7 +203,7 @@ def _first_cause(err: BaseException) -> str:
                 if isinstance(inner, CheckpointError):
                     return str(inner)
                 text = str(inner).strip().splitlines()
-                return f"{type(inner).__name__}: {text[-1] if text else ''}".strip()
+                return f"{type(inner).__name__}: {text[-1]}" if text else f"{type(inner).__name__} (a shard is truncated or damaged)"
     text = str(err).strip().splitlines()
     return text[-1] if text else type(err).__name__
 

@@ -116,7 +116,7 @@ def resume_latest(trainer):
             return path
         skipped.append((path, problem))
         if trainer.dims.is_main:
-            warnings.warn(f"skipping checkpoint {path}: {problem}", stacklevel=2)
+            warnings.warn(f"skipping checkpoint {path.name}: {problem}", stacklevel=2)
     if skipped:
         raise CheckpointError(
             f"no usable checkpoint in {ckpt.checkpoint_root(trainer.cfg.output_dir)} (all {len(skipped)} failed; "

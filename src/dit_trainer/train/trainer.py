@@ -10,6 +10,7 @@ a branch of the step, not another class.
 
 import contextlib
 import functools
+import warnings
 
 import torch
 import torch.nn as nn
@@ -269,7 +270,10 @@ class DiTTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             if self.scaler:
                 self.scaler.update()
-            self.lr_scheduler.step()
+            with warnings.catch_warnings():
+                # The schedule follows the step count; torch warns when no optimizer step came first.
+                warnings.simplefilter("ignore", UserWarning)
+                self.lr_scheduler.step()
             self.step += 1
             self.skipped_steps += 1
             return {"loss": float("nan"), "lr": self.lr_scheduler.get_last_lr()[0], "skipped": True}
