@@ -35,6 +35,9 @@ def _as_label(value, where: str) -> int:
         raise DataError(f"{where}: label {value!r} is not an integer; write integer class ids")
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
         raise DataError(f"{where}: label {value!r} is not an integer; write integer class ids")
+    if not -(2**62) < value < 2**62:
+        # Far outside any class range, and past what an int64 label array holds.
+        raise DataError(f"{where}: label {value!r} is not a class id; write labels in 0..num_classes-1")
     return int(value)
 
 

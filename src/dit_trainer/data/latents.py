@@ -145,9 +145,13 @@ class _LatentFiles(Dataset):
         if arr.shape != self.latent_shape:
             # The file changed since the dataset was built; the header scan saw another shape.
             raise DataError(f"{path} has shape {arr.shape}, expected {self.latent_shape}; re-extract it")
-        if not np.isfinite(arr).all():
-            raise DataError(f"{path} contains NaN or inf; re-extract it or delete it")
-        return arr.astype(np.float32, copy=False)
+        if arr.dtype.kind != "f":
+            raise DataError(f"{path} holds {arr.dtype} values; latents must be float16/32/64 arrays")
+        # Checked after the cast: a float64 1e300 is finite but overflows float32 to inf.
+        out = arr.astype(np.float32, copy=False)
+        if not np.isfinite(out).all():
+            raise DataError(f"{path} contains NaN, inf or values beyond float32; re-extract it or delete it")
+        return out
 
     def __getitem__(self, index: int):
         index = check_index(index, len(self))

@@ -148,6 +148,33 @@ def read_manifest(path) -> Dict:
     return manifest
 
 
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_manifest_values(file: str, m: Dict) -> None:
+    """The values training relies on (`dit data verify` lists every problem; training stops at the first): float storage, a C×H×W shape, class count, plain shard names."""
+    if m["dtype"] not in STORAGE_DTYPES:
+        # An int8 manifest would read float latents truncated to integers.
+        raise DataError(f"{file}: dtype {m['dtype']!r} is not one of {', '.join(STORAGE_DTYPES)}; re-run `dit extract`")
+    shape = m["latent_shape"]
+    if not isinstance(shape, list) or len(shape) != 3 or not all(_positive_int(s) for s in shape):
+        raise DataError(f"{file}: latent_shape {shape!r} is not [C, H, W] of positive integers")
+    if not _positive_int(m["num_classes"]):
+        raise DataError(f"{file}: num_classes {m['num_classes']!r} is not a positive integer")
+    if not isinstance(m["count"], int) or isinstance(m["count"], bool) or m["count"] < 0:
+        raise DataError(f"{file}: count {m['count']!r} is not a non-negative integer")
+    if not isinstance(m["shards"], list):
+        raise DataError(f"{file}: shards is not a list")
+    for s in m["shards"]:
+        name = s.get("name") if isinstance(s, dict) else None
+        count = s.get("count") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
+            raise DataError(f"{file}: shard entry {s!r} does not name a file in the folder")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise DataError(f"{file}: shard {name} has count {count!r}, not a non-negative integer")
+
+
 def entry_shape(manifest: Dict) -> tuple:
     """F×K×C×H×W of one shard row under `manifest`."""
     return (2 if manifest["flips"] else 1, 2 if manifest["posterior"] == "mean_std" else 1, *manifest["latent_shape"])
@@ -183,6 +210,7 @@ class LatentShards(Dataset):
         self.root = os.fspath(path)
         self.manifest = read_manifest(self.root)
         m = self.manifest
+        check_manifest_values(os.path.join(self.root, MANIFEST), m)
         self.latent_shape = tuple(int(s) for s in m["latent_shape"])
         self.num_classes = int(m["num_classes"])
         self.class_names = list(m["class_names"]) if m["class_names"] else None
@@ -212,6 +240,12 @@ class LatentShards(Dataset):
             raise DataError(f"cannot read {path} ({err}); re-extract that shard or run `dit data verify`") from None
         if labels.shape != (count,):
             raise DataError(f"{path} holds {labels.shape} labels, manifest says {count}; run `dit data verify`")
+        if labels.dtype.kind not in "iu":
+            raise DataError(f"{path} holds {labels.dtype} labels; labels are integer class ids, run `dit data verify`")
+        bad = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
+        if bad.size:
+            raise DataError(f"{path}: label {int(labels[bad[0]])} (row {int(bad[0])}) is outside 0..{self.num_classes - 1}; "
+                            "run `dit data verify`")
         return labels.astype(np.int64, copy=False)
 
     def __getstate__(self):
@@ -240,6 +274,8 @@ class LatentShards(Dataset):
             want = (int(self.offsets[shard + 1] - self.offsets[shard]), *self._entry)
             if array.shape != want:
                 raise DataError(f"{path} has shape {array.shape}, manifest says {want}; run `dit data verify`")
+            if array.dtype != np.dtype(self.manifest["dtype"]):
+                raise DataError(f"{path} holds {array.dtype}, manifest says {self.manifest['dtype']}; run `dit data verify`")
             self._arrays[shard] = array
         return array
 
@@ -296,5 +332,11 @@ class LatentShards(Dataset):
             # Without stored flips, mirroring the latent is the usual approximation of encoding the mirrored image.
             mask = torch.from_numpy(flips)
             x[mask] = x[mask].flip(-1)
+        finite = torch.isfinite(x).flatten(1).all(1)
+        if not bool(finite.all()):
+            i = int(index[int((~finite).nonzero()[0])])
+            shard, row = self.locate(i)
+            raise DataError(f"{self.root}/{self.names[shard]}.npy row {row} holds NaN or inf; run `dit data verify` "
+                            "and re-extract that shard")
         y = torch.from_numpy(self.labels[index])
         return list(zip(x.unbind(0), y.unbind(0)))

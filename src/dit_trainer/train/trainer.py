@@ -348,6 +348,13 @@ class DiTTrainer:
         cfg = self.cfg
         dataset = self._dataset if self._dataset is not None else build_dataset(cfg)
         self._dataset = dataset
+        shape = getattr(dataset, "latent_shape", None)
+        if shape is not None and tuple(shape) != tuple(self.sample_shape):
+            from dit_trainer.errors import DataError
+
+            raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
+                            f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
+                            "(input_size is the image size / 8) or re-extract the data")
         sampler = GlobalBatchSampler(
             len(dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
             dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size,
