@@ -59,9 +59,9 @@ def read_metadata_file(path):
         raise CheckpointError(f"{path}: refused, not DCP checkpoint metadata ({err}); do not load checkpoints you do not trust") from None
     except Exception as err:  # truncated or garbled bytes: EOFError, ValueError, TypeError, ...
         raise CheckpointError(f"{path}: not readable DCP metadata ({type(err).__name__}); the checkpoint is damaged") from None
-    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
+    if not isinstance(md, Metadata) or not isinstance(getattr(md, "state_dict_metadata", None), dict):
         raise CheckpointError(f"{path}: refused, holds {type(md).__name__} instead of DCP Metadata")
-    storage = md.storage_data
+    storage = getattr(md, "storage_data", None)
     if not isinstance(storage, dict) or not all(isinstance(v, _StorageInfo) for v in storage.values()):
         raise CheckpointError(f"{path}: refused, its storage_data is not a map of DCP file locations")
     for info in storage.values():

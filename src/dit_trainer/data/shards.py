@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.data.indexing import check_epoch
+from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, one_line
 from dit_trainer.errors import ConfigError, DataError
 
 FORMAT = "dit-trainer-latent-shards"
@@ -138,7 +138,10 @@ def read_manifest(path) -> Dict:
         raise DataError(f"{file} is not valid JSON ({err.msg} at line {err.lineno}); re-run `dit extract`") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{file} is not a {FORMAT} manifest; point at a folder written by `dit extract`")
-    if manifest.get("version", 0) > VERSION:
+    version = manifest.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise DataError(f"{file}: version {version!r} is not a format version; re-run `dit extract`")
+    if version > VERSION:
         raise DataError(f"{file} has format version {manifest['version']}; this dit-trainer reads {VERSION}, upgrade it")
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
@@ -162,6 +165,9 @@ def check_manifest_values(file: str, m: Dict) -> None:
         raise DataError(f"{file}: latent_shape {shape!r} is not [C, H, W] of positive integers")
     if not _positive_int(m["num_classes"]):
         raise DataError(f"{file}: num_classes {m['num_classes']!r} is not a positive integer")
+    names = m["class_names"]
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise DataError(f"{file}: class_names is not a list of names")
     if not isinstance(m["count"], int) or isinstance(m["count"], bool) or m["count"] < 0:
         raise DataError(f"{file}: count {m['count']!r} is not a non-negative integer")
     if not isinstance(m["shards"], list):
@@ -236,8 +242,8 @@ class LatentShards(Dataset):
         path = os.path.join(self.root, f"{name}.labels.npy")
         try:
             labels = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as err:
-            raise DataError(f"cannot read {path} ({err}); re-extract that shard or run `dit data verify`") from None
+        except (OSError, *NPY_ERRORS) as err:
+            raise DataError(f"cannot read {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
         if labels.shape != (count,):
             raise DataError(f"{path} holds {labels.shape} labels, manifest says {count}; run `dit data verify`")
         if labels.dtype.kind not in "iu":
@@ -269,8 +275,8 @@ class LatentShards(Dataset):
             path = os.path.join(self.root, f"{self.names[shard]}.npy")
             try:
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError, EOFError) as err:
-                raise DataError(f"cannot open {path} ({err}); re-extract that shard or run `dit data verify`") from None
+            except (OSError, *NPY_ERRORS) as err:
+                raise DataError(f"cannot open {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
             want = (int(self.offsets[shard + 1] - self.offsets[shard]), *self._entry)
             if array.shape != want:
                 raise DataError(f"{path} has shape {array.shape}, manifest says {want}; run `dit data verify`")
