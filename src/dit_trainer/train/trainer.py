@@ -24,9 +24,8 @@ from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_
-from dit_trainer.train import checkpointing
-from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train import checkpointing, loop
+from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.signals import StopSignals
 
 
@@ -233,14 +232,14 @@ class DiTTrainer:
         clip = self.spec.clip_grad_fn or clip_grad_norm_
         return clip([p for p in self.model.parameters()], max_norm, pp_group=pp_group)
 
-    def _agree(self, nonfinite: bool) -> tuple:
-        """(any rank saw a non-finite value, any rank was asked to stop): one all-reduce per step."""
-        stop = bool(self._signals is not None and self._signals.requested)
-        if not torch.distributed.is_initialized():
-            return nonfinite, stop
-        flags = torch.tensor([float(nonfinite), float(stop)], device=self.device)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        return bool(flags[0].item()), bool(flags[1].item())
+    def _agree(self, nonfinite: torch.Tensor) -> tuple:
+        """(any rank saw a non-finite value, any rank was asked to stop): one all-reduce, one sync per step."""
+        stop = float(self._signals is not None and self._signals.requested is not None)
+        flags = torch.stack([nonfinite.float(), torch.tensor(stop, device=nonfinite.device)])
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        bad, stop = flags.tolist()
+        return bad > 0, stop > 0
 
     def _finish_step(self, loss) -> dict:
         """After backward: optimizer (with clipping), step count, EMA; the global-batch loss as floats.
@@ -248,7 +247,6 @@ class DiTTrainer:
         A non-finite loss or gradient norm on any rank stops before the optimizer step, so the
         weights (and the last checkpoint) stay good, or skips the update with train.skip_nonfinite_steps.
         """
-        grad_norm = None
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optim.max_grad_norm
@@ -256,7 +254,9 @@ class DiTTrainer:
         norm = self._clip_grads(clip if clip > 0 else float("inf"))
         grad_norm = norm if clip > 0 else None
         # GradScaler skips steps with inf gradients by itself; only the loss is checked then.
-        bad = not bool(torch.isfinite(loss.detach()).all()) or (not self.scaler and not bool(torch.isfinite(norm).all()))
+        bad = ~torch.isfinite(loss.detach()).all()
+        if not self.scaler:
+            bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
         bad, self.stop_requested = self._agree(bad)
         if bad:
             what = f"loss {self.dims.all_reduce_mean(loss).item()}, grad norm {float(norm)}"
