@@ -147,3 +147,34 @@ def test_unwritable_output_dir_is_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="afile/run is not writable") as err:
         DiTTrainer(cfg).train()
     assert "\n" not in str(err.value)
+
+
+def test_disk_full_sharded_checkpoint(tmp_path, monkeypatch):
+    from dit_trainer.checkpoint import sharded
+
+    DiTTrainer(_cfg(tmp_path, 2, checkpoint={"save_steps": 2, "sharded": True})).train()
+
+    def full(path, *args, **kwargs):
+        raise OSError(28, os.strerror(28), str(path))
+
+    monkeypatch.setattr(sharded, "export_safetensors", full)
+    with pytest.raises(CheckpointError, match="No space left on device") as err:
+        DiTTrainer(_cfg(tmp_path, 4, checkpoint={"save_steps": 2, "sharded": True})).train()
+    assert "\n" not in str(err.value) and "step-00000004.tmp" in str(err.value)
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-00000002"]
+
+
+def test_cli_resume_false_over_old_run_is_one_line(tmp_path, capsys):
+    import yaml
+
+    from dit_trainer.cli import main
+
+    DiTTrainer(_cfg(tmp_path, 2)).train()
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(_cfg(tmp_path, 2)))
+    capsys.readouterr()
+    assert main(["train", "--config", str(tmp_path / "c.yaml"), "--checkpoint.resume", "false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dit train: error:") and "already holds a run" in err and "\n" not in err
+    assert main(["train", "--config", str(tmp_path / "c.yaml")]) == 0
+    assert "is finished" in capsys.readouterr().out
