@@ -121,3 +121,18 @@ def test_manifest_lists_every_file(tmp_path):
     listed = set(json.loads((folder / ckpt.MANIFEST).read_text())["files"])
     assert listed == {p.name for p in folder.iterdir()} - {ckpt.MANIFEST}
     ckpt.verify_checkpoint(folder)
+
+
+def test_sampling_weights_are_checked(tmp_path):
+    # What `dit sample` and model.weights_path read: a damaged or NaN EMA is refused, not sampled black.
+    DiTTrainer(_cfg(tmp_path, "run", 2)).train()
+    folder = tmp_path / "run" / "checkpoints" / "step-00000002"
+    assert ckpt.load_weights(folder)
+    _damage(folder, "flipped")
+    with pytest.raises(CheckpointError, match="ema.safetensors fails its checksum"):
+        ckpt.load_weights(folder)
+    sd = ckpt.load_weights(folder, prefer_ema=False)
+    sd[next(iter(sd))][0] = float("inf")
+    save_file(sd, str(tmp_path / "nan.safetensors"))
+    with pytest.raises(CheckpointError, match="holds NaN or inf"):
+        ckpt.load_weights(tmp_path / "nan.safetensors")

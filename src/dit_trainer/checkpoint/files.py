@@ -86,6 +86,21 @@ def write_manifest(folder: Path) -> Path:
     return out
 
 
+def verify_file(folder, name: str) -> None:
+    """Check one file of a checkpoint against its manifest (nothing to check without one)."""
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / MANIFEST).read_text())["files"][name]
+        size, digest = int(info["size"]), str(info["sha256"])
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"{folder / MANIFEST} is damaged or does not list {name}") from None
+    path = folder / name
+    if path.stat().st_size != size or _sha256(path) != digest:
+        raise CheckpointError(f"{path} fails its checksum (truncated or changed); use another checkpoint")
+
+
 def verify_checkpoint(folder) -> None:
     """Raise CheckpointError unless every file of `folder`'s manifest is there, whole and unchanged.
 
@@ -194,10 +209,12 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
         names = ["ema.safetensors", "model.safetensors"] if prefer_ema else ["model.safetensors", "ema.safetensors"]
         for name in names:
             if (p / name).is_file():
-                return load_safetensors(p / name)
+                # Flipped bytes in a checkpoint would otherwise sample black images and exit 0.
+                verify_file(p, name)
+                return _finite(load_safetensors(p / name), p / name)
         raise CheckpointError(f"{path} holds no model.safetensors or ema.safetensors; is it a dit-trainer checkpoint?")
     if p.suffix == ".safetensors":
-        return load_safetensors(p)
+        return _finite(load_safetensors(p), p)
     obj = load_pt(p)
     if isinstance(obj, dict) and "ema" in obj and isinstance(obj["ema"], dict):
         obj = obj["ema"] if prefer_ema or "model" not in obj else obj["model"]
@@ -206,7 +223,15 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} is not a state dict of tensors")
     # Checkpoints saved from DDP carry a "module." prefix.
-    return {k.removeprefix("module."): v for k, v in obj.items()}
+    return _finite({k.removeprefix("module."): v for k, v in obj.items()}, path)
+
+
+def _finite(sd: dict, source) -> dict:
+    """`sd` itself, or a CheckpointError naming the first tensor holding NaN or inf."""
+    for key, value in sd.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{source}: {key} holds NaN or inf; use another checkpoint")
+    return sd
 
 
 def load_into(model: torch.nn.Module, state_dict: dict, source) -> None:
