@@ -3,7 +3,6 @@
 import io
 import os
 import pickle
-import shutil
 
 import pytest
 import torch

@@ -5,7 +5,6 @@ import io
 import json
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_shards import SHAPE, make_shards

@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 from test_shards import SHAPE, make_shards
 
 from dit_trainer.data.images import list_image_folder
