@@ -91,14 +91,16 @@ class TrainConfig:
     activation_checkpointing: str = "none"  # none | full | selective
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
+    skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
 
 
 @dataclass
 class CheckpointConfig:
     save_steps: int = 1000
     save_total_limit: int = 3
-    resume: bool = True  # resume from the newest checkpoint in output_dir
+    resume: bool = True  # resume from the newest usable checkpoint in output_dir
     sharded: bool = False  # torch.distributed.checkpoint instead of full safetensors
+    on_existing: str = "refuse"  # resume false over an earlier run: refuse | archive (move aside) | overwrite
 
 
 @dataclass

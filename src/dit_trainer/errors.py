@@ -15,3 +15,7 @@ class DataError(DitError, ValueError):
 
 class CheckpointError(DitError, ValueError):
     """A checkpoint or weights file cannot be used."""
+
+
+class DivergenceError(DitError, FloatingPointError):
+    """Training produced a non-finite loss or gradient norm; the update was not applied."""

@@ -124,7 +124,7 @@ def test_checkpoints_rotate_and_are_atomic(tmp_path):
     names = [p.name for p in list_checkpoints(tmp_path / "run")]
     assert names == ["step-00000004", "step-00000006"]
     files = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / names[-1]).iterdir())
-    assert files == ["config.yaml", "ema.safetensors", "model.safetensors", "optimizer.pt", "trainer_state.pt"]
+    assert files == ["config.yaml", "ema.safetensors", "manifest.json", "model.safetensors", "optimizer.pt", "trainer_state.pt"]
     assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
     # Everything loads without unpickling code.
     torch.load(tmp_path / "run" / "checkpoints" / names[-1] / "trainer_state.pt", weights_only=True)

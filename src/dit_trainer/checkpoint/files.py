@@ -2,10 +2,13 @@
 
 `step-00000100/` holds `model.safetensors`, `ema.safetensors`, `optimizer.pt`,
 `trainer_state.pt` and `config.yaml`. Only tensors and plain containers are pickled, so
-everything loads with `torch.load(weights_only=True)`.
+everything loads with `torch.load(weights_only=True)`. `manifest.json`, written last before the
+rename, holds each file's size and sha256, so a truncated or flipped file is found before use.
 """
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -55,6 +58,88 @@ def begin_checkpoint(output_dir, step: int) -> Path:
     return tmp
 
 
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path, sync: bool = False) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+        if sync:
+            # The rename that publishes the checkpoint must not overtake the data on a crash.
+            os.fsync(f.fileno())
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> Path:
+    """Record size and sha256 of every file under `folder` in `manifest.json` (call it last)."""
+    folder = Path(folder)
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        rel = path.relative_to(folder).as_posix()
+        files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path, sync=True)}
+    out = folder / MANIFEST
+    out.write_text(json.dumps({"format": 1, "files": files}, indent=1))
+    with open(out, "rb") as f:
+        os.fsync(f.fileno())
+    return out
+
+
+def verify_file(folder, name: str) -> None:
+    """Check one file of a checkpoint against its manifest (nothing to check without one)."""
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / MANIFEST).read_text())["files"][name]
+        size, digest = int(info["size"]), str(info["sha256"])
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise CheckpointError(f"{folder / MANIFEST} is damaged or does not list {name}") from None
+    path = folder / name
+    if path.stat().st_size != size or _sha256(path) != digest:
+        raise CheckpointError(f"{path} fails its checksum (truncated or changed); use another checkpoint")
+
+
+def verify_checkpoint(folder) -> None:
+    """Raise CheckpointError unless every file of `folder`'s manifest is there, whole and unchanged.
+
+    A folder without a manifest (written before manifests existed) must at least hold its weights.
+    """
+    folder = Path(folder)
+    man = folder / MANIFEST
+    if not man.is_file():
+        if not ((folder / "dcp" / ".metadata").is_file() or (folder / "model.safetensors").is_file()):
+            raise CheckpointError(f"{folder} is incomplete: no {MANIFEST} and no weights")
+        return
+    try:
+        files = json.loads(man.read_text())["files"]
+        items = [(str(rel), int(info["size"]), str(info["sha256"])) for rel, info in files.items()]
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise CheckpointError(f"{man} is damaged (not a checkpoint manifest)") from None
+    for rel, size, digest in items:
+        path = folder / rel
+        if ".." in Path(rel).parts or not path.is_file():
+            raise CheckpointError(f"{folder} is incomplete: {rel} is missing")
+        if path.stat().st_size != size:
+            raise CheckpointError(f"{path} is truncated or changed: {path.stat().st_size} bytes, the manifest says {size}")
+        if _sha256(path) != digest:
+            raise CheckpointError(f"{path} fails its sha256 checksum: the file is damaged")
+
+
+def write_failed(tmp: Path, err: BaseException) -> CheckpointError:
+    """Remove a half-written checkpoint and say in one line why it could not be written."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    if isinstance(err, OSError):
+        cause = err.strerror or str(err)
+        where = err.filename or tmp
+    else:  # torch.save reports a full disk as RuntimeError "[enforce fail at inline_container.cc] ..."
+        lines = str(err).strip().splitlines()
+        cause, where = (lines[-1] if lines else type(err).__name__), tmp
+    return CheckpointError(f"cannot write checkpoint {where}: {cause}; free space or fix permissions "
+                           "(the previous checkpoint is kept)")
+
+
 def commit_checkpoint(tmp: Path, keep: int = 0) -> Path:
     """Rename a finished temporary directory to its final name; keep the newest `keep` (0 keeps all)."""
     final = tmp.with_name(tmp.name.removesuffix(".tmp"))
@@ -73,16 +158,32 @@ def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0) -> Path:
     `files` maps file names to content: `*.safetensors` take a state dict of tensors,
     `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string.
     """
-    tmp = begin_checkpoint(output_dir, step)
-    for name, content in files.items():
-        path = tmp / name
-        if name.endswith(".safetensors"):
-            save_file(_contiguous(content), str(path))
-        elif name.endswith(".pt"):
-            torch.save(content, path)
-        else:
-            path.write_text(content)
+    try:
+        tmp = begin_checkpoint(output_dir, step)
+    except OSError as err:
+        raise write_failed(checkpoint_root(output_dir) / f"step-{step:08d}.tmp", err) from None
+    try:
+        for name, content in files.items():
+            path = tmp / name
+            if name.endswith(".safetensors"):
+                save_file(_contiguous(content), str(path))
+            elif name.endswith(".pt"):
+                torch.save(content, path)
+            else:
+                path.write_text(content)
+        write_manifest(tmp)
+    except (OSError, RuntimeError) as err:
+        raise write_failed(tmp, err) from None
     return commit_checkpoint(tmp, keep)
+
+
+def load_safetensors(path) -> dict:
+    """safetensors.load_file with a one-line CheckpointError for a missing, truncated or garbled file."""
+    try:
+        return load_file(str(path))
+    except Exception as err:  # SafetensorError, OSError, ...
+        text = str(err).strip().splitlines()
+        raise CheckpointError(f"{path}: cannot be read as safetensors ({text[-1] if text else type(err).__name__})") from None
 
 
 def load_pt(path):
@@ -108,10 +209,12 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
         names = ["ema.safetensors", "model.safetensors"] if prefer_ema else ["model.safetensors", "ema.safetensors"]
         for name in names:
             if (p / name).is_file():
-                return load_file(str(p / name))
+                # Flipped bytes in a checkpoint would otherwise sample black images and exit 0.
+                verify_file(p, name)
+                return _finite(load_safetensors(p / name), p / name)
         raise CheckpointError(f"{path} holds no model.safetensors or ema.safetensors; is it a dit-trainer checkpoint?")
     if p.suffix == ".safetensors":
-        return load_file(str(p))
+        return _finite(load_safetensors(p), p)
     obj = load_pt(p)
     if isinstance(obj, dict) and "ema" in obj and isinstance(obj["ema"], dict):
         obj = obj["ema"] if prefer_ema or "model" not in obj else obj["model"]
@@ -120,7 +223,15 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} is not a state dict of tensors")
     # Checkpoints saved from DDP carry a "module." prefix.
-    return {k.removeprefix("module."): v for k, v in obj.items()}
+    return _finite({k.removeprefix("module."): v for k, v in obj.items()}, path)
+
+
+def _finite(sd: dict, source) -> dict:
+    """`sd` itself, or a CheckpointError naming the first tensor holding NaN or inf."""
+    for key, value in sd.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{source}: {key} holds NaN or inf; use another checkpoint")
+    return sd
 
 
 def load_into(model: torch.nn.Module, state_dict: dict, source) -> None:

@@ -150,11 +150,17 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         state["ema"] = template(ema.state_dict())
     if load_trainer_state:
         state["trainer"] = io.BytesIO()
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from dit_trainer.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+
     try:
-        dcp.load(state, checkpoint_id=str(path))
-    except Exception as err:  # DCP raises CheckpointException wrapping per-rank tracebacks
-        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"cannot load sharded checkpoint {path}: {first}") from err
+        # Never torch's own reader: it unpickles `.metadata` and byte items without restriction.
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+        raise CheckpointError(f"cannot load sharded checkpoint {path}: {_first_cause(err)}") from None
 
     model_sd = _relayout_all(state["model"], fused, fused_rows_to_tp_layout)
     optim_sd = _relayout_all(state.get("optimizer", {}), fused, fused_rows_to_tp_layout)
@@ -180,8 +186,26 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
     if isinstance(trainer, io.BytesIO):
         # DCP fills the buffer with what save_sharded pickled: counters, RNG states, plain containers.
         trainer.seek(0)
-        trainer = torch.load(trainer, map_location="cpu", weights_only=True) if trainer.getbuffer().nbytes else None
+        try:
+            trainer = torch.load(trainer, map_location="cpu", weights_only=True) if trainer.getbuffer().nbytes else None
+        except Exception as err:
+            raise CheckpointError(f"{path}: trainer state refused, not weights-only loadable ({type(err).__name__})") from None
     return trainer if load_trainer_state else None
+
+
+def _first_cause(err: BaseException) -> str:
+    """One line out of DCP's exception, which wraps a traceback per failing rank."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        for value in failures.values():
+            inner = value[0] if isinstance(value, tuple) else value
+            if isinstance(inner, BaseException):
+                if isinstance(inner, CheckpointError):
+                    return str(inner)
+                text = str(inner).strip().splitlines()
+                return f"{type(inner).__name__}: {text[-1]}" if text else f"{type(inner).__name__} (a shard is truncated or damaged)"
+    text = str(err).strip().splitlines()
+    return text[-1] if text else type(err).__name__
 
 
 def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
@@ -193,8 +217,9 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
     """
     from pathlib import Path
 
-    from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    from dit_trainer.checkpoint.files import load_safetensors as load_file
 
     path = Path(path)
     model_parts = _as_list(model_parts)
@@ -204,12 +229,12 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
         return {k: (fused_rows_to_tp_layout(v, *fused[k]) if k in fused else v) for k, v in sd.items()}
 
     full = StateDictOptions(full_state_dict=True, strict=False)
-    model_sd = to_tp(load_file(str(path / "model.safetensors")))
+    model_sd = to_tp(load_file(path / "model.safetensors"))
     for part in model_parts:
         own = {n for n, _ in part.named_parameters()}
         set_model_state_dict(part, {k: v for k, v in model_sd.items() if k in own}, options=full)
     if ema is not None:
-        ema_sd = to_tp(load_file(str(path / "ema.safetensors")))
+        ema_sd = to_tp(load_file(path / "ema.safetensors"))
         ema.load_state_dict({k: v for k, v in ema_sd.items() if k in ema.shadow}, strict=False)
     if optimizer is None or not (path / "optimizer.pt").is_file():
         return

@@ -25,11 +25,26 @@ def _is_image(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def _walk_images(folder: str) -> List[str]:
+def _walk_images(folder: str, seen_dirs: set, seen_files: set) -> List[str]:
+    """Images under `folder`, following symlinks but entering each real folder and taking each real file once.
+
+    A symlink loop (a link to a parent) would otherwise be walked until the path length limit,
+    turning a few images into thousands of mislabelled copies.
+    """
     found = []
     for root, dirs, files in os.walk(folder, followlinks=True):
+        st = os.stat(root)
+        if (st.st_dev, st.st_ino) in seen_dirs:
+            dirs[:] = []
+            continue
+        seen_dirs.add((st.st_dev, st.st_ino))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found.extend(os.path.join(root, f) for f in sorted(files) if _is_image(f))
+        for f in sorted(files):
+            path = os.path.join(root, f)
+            real = os.path.realpath(path)
+            if _is_image(f) and real not in seen_files:
+                seen_files.add(real)
+                found.append(path)
     return found
 
 
@@ -52,8 +67,9 @@ def list_image_folder(root) -> Tuple[List[str], np.ndarray, List[str]]:
     if class_dirs:
         # Empty classes keep their id so ids always follow the sorted folder names.
         class_names = class_dirs
+        seen_dirs, seen_files = {(os.stat(root).st_dev, os.stat(root).st_ino)}, set()
         for label, name in enumerate(class_dirs):
-            found = _walk_images(os.path.join(root, name))
+            found = _walk_images(os.path.join(root, name), seen_dirs, seen_files)
             paths.extend(found)
             labels.extend([label] * len(found))
     else:

@@ -1,6 +1,8 @@
 """Per-item helpers every dataset shares: index and epoch checks, and flips that are a pure
 function of (seed, epoch, index) so that resumes and DataLoader workers agree."""
 
+import tokenize
+
 import numpy as np
 
 
@@ -24,3 +26,15 @@ def check_epoch(epoch) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
     return int(epoch)
+
+
+# What numpy raises for a damaged `.npy`: a garbled header is parsed with `tokenize` and `ast`
+# (TokenError, SyntaxError), odd shapes or dtypes give TypeError/OverflowError, a header claiming a
+# huge array MemoryError.
+NPY_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, OverflowError, MemoryError)
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's message (numpy's header errors span several)."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from dit_trainer.data.indexing import NPY_ERRORS, one_line
 from dit_trainer.errors import DataError
 
 LABEL_FILE_NAMES = ("labels.json", "labels.npy", "labels.txt")
@@ -35,6 +36,9 @@ def _as_label(value, where: str) -> int:
         raise DataError(f"{where}: label {value!r} is not an integer; write integer class ids")
     if isinstance(value, (float, np.floating)) and not float(value).is_integer():
         raise DataError(f"{where}: label {value!r} is not an integer; write integer class ids")
+    if not -(2**62) < value < 2**62:
+        # Far outside any class range, and past what an int64 label array holds.
+        raise DataError(f"{where}: label {value!r} is not a class id; write labels in 0..num_classes-1")
     return int(value)
 
 
@@ -58,8 +62,8 @@ def read_labels_file(path: str, stems: Sequence[str]):
 def _read_npy(path: str, stems: Sequence[str]) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, EOFError) as err:
-        raise DataError(f"{path} is not a valid .npy file ({err}); re-save it with numpy.save") from None
+    except NPY_ERRORS as err:
+        raise DataError(f"{path} is not a valid .npy file ({one_line(err)}); re-save it with numpy.save") from None
     if arr.size != len(stems) or arr.ndim > 2:
         raise DataError(
             f"{path} holds {arr.size} labels (shape {arr.shape}) but the folder has {len(stems)} latent "

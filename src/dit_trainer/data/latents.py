@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dit_trainer.errors import ConfigError, DataError
-from dit_trainer.data.indexing import check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
+from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for, one_line  # noqa: F401 (flip_for is public here)
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
 FASTDIT_FEATURES = "imagenet256_features"
@@ -45,8 +45,8 @@ def read_npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
             size = os.fstat(f.fileno()).st_size
     except OSError as err:
         raise DataError(f"cannot read {path} ({err.strerror or err}); check it exists and is readable") from None
-    except (ValueError, EOFError) as err:
-        raise DataError(f"{path} is not a valid .npy file ({err}); re-save it with numpy.save") from None
+    except NPY_ERRORS as err:
+        raise DataError(f"{path} is not a valid .npy file ({one_line(err)}); re-save it with numpy.save") from None
     if dtype.hasobject or dtype.kind != "f":
         raise DataError(f"{path} holds {dtype} values; latents must be float16/32/64 arrays")
     expected = data_start + dtype.itemsize * int(np.prod(shape, dtype=np.int64))
@@ -138,16 +138,21 @@ class _LatentFiles(Dataset):
             arr = np.load(path, allow_pickle=False)
         except OSError as err:
             raise DataError(f"cannot read {path} ({err.strerror or err}); check it exists and is readable") from None
-        except (ValueError, EOFError) as err:
-            raise DataError(f"{path} is not a valid .npy file ({err}); re-extract it or delete it") from None
+        except NPY_ERRORS as err:
+            raise DataError(f"{path} is not a valid .npy file ({one_line(err)}); re-extract it or delete it") from None
         if arr.ndim == 4 and arr.shape[0] == 1:
             arr = arr[0]
         if arr.shape != self.latent_shape:
             # The file changed since the dataset was built; the header scan saw another shape.
             raise DataError(f"{path} has shape {arr.shape}, expected {self.latent_shape}; re-extract it")
-        if not np.isfinite(arr).all():
-            raise DataError(f"{path} contains NaN or inf; re-extract it or delete it")
-        return arr.astype(np.float32, copy=False)
+        if arr.dtype.kind != "f":
+            raise DataError(f"{path} holds {arr.dtype} values; latents must be float16/32/64 arrays")
+        # Checked after the cast: a float64 1e300 is finite but overflows float32 to inf.
+        with np.errstate(over="ignore"):
+            out = arr.astype(np.float32, copy=False)
+        if not np.isfinite(out).all():
+            raise DataError(f"{path} contains NaN, inf or values beyond float32; re-extract it or delete it")
+        return out
 
     def __getitem__(self, index: int):
         index = check_index(index, len(self))
@@ -200,8 +205,8 @@ def _read_fastdit_label(path: str) -> int:
         raise DataError(f"{path} is missing; re-run feature extraction or delete its feature file") from None
     except OSError as err:
         raise DataError(f"cannot read {path} ({err.strerror or err}); check it is readable") from None
-    except (ValueError, EOFError) as err:
-        raise DataError(f"{path} is not a valid .npy file ({err}); re-extract it") from None
+    except NPY_ERRORS as err:
+        raise DataError(f"{path} is not a valid .npy file ({one_line(err)}); re-extract it") from None
     if arr.size != 1 or arr.dtype.kind not in "iuf":
         raise DataError(f"{path} holds {arr.dtype} shape {arr.shape}; a label file holds one integer")
     value = arr.reshape(-1)[0].item()

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.data.indexing import check_epoch
+from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, one_line
 from dit_trainer.errors import ConfigError, DataError
 
 FORMAT = "dit-trainer-latent-shards"
@@ -138,7 +138,10 @@ def read_manifest(path) -> Dict:
         raise DataError(f"{file} is not valid JSON ({err.msg} at line {err.lineno}); re-run `dit extract`") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{file} is not a {FORMAT} manifest; point at a folder written by `dit extract`")
-    if manifest.get("version", 0) > VERSION:
+    version = manifest.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise DataError(f"{file}: version {version!r} is not a format version; re-run `dit extract`")
+    if version > VERSION:
         raise DataError(f"{file} has format version {manifest['version']}; this dit-trainer reads {VERSION}, upgrade it")
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
@@ -146,6 +149,36 @@ def read_manifest(path) -> Dict:
     if manifest["posterior"] not in POSTERIOR_KINDS:
         raise DataError(f"{file}: posterior {manifest['posterior']!r} is not one of {POSTERIOR_KINDS}")
     return manifest
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_manifest_values(file: str, m: Dict) -> None:
+    """The values training relies on (`dit data verify` lists every problem; training stops at the first): float storage, a C×H×W shape, class count, plain shard names."""
+    if m["dtype"] not in STORAGE_DTYPES:
+        # An int8 manifest would read float latents truncated to integers.
+        raise DataError(f"{file}: dtype {m['dtype']!r} is not one of {', '.join(STORAGE_DTYPES)}; re-run `dit extract`")
+    shape = m["latent_shape"]
+    if not isinstance(shape, list) or len(shape) != 3 or not all(_positive_int(s) for s in shape):
+        raise DataError(f"{file}: latent_shape {shape!r} is not [C, H, W] of positive integers")
+    if not _positive_int(m["num_classes"]):
+        raise DataError(f"{file}: num_classes {m['num_classes']!r} is not a positive integer")
+    names = m["class_names"]
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise DataError(f"{file}: class_names is not a list of names")
+    if not isinstance(m["count"], int) or isinstance(m["count"], bool) or m["count"] < 0:
+        raise DataError(f"{file}: count {m['count']!r} is not a non-negative integer")
+    if not isinstance(m["shards"], list):
+        raise DataError(f"{file}: shards is not a list")
+    for s in m["shards"]:
+        name = s.get("name") if isinstance(s, dict) else None
+        count = s.get("count") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not name or os.path.basename(name) != name or name in (".", ".."):
+            raise DataError(f"{file}: shard entry {s!r} does not name a file in the folder")
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise DataError(f"{file}: shard {name} has count {count!r}, not a non-negative integer")
 
 
 def entry_shape(manifest: Dict) -> tuple:
@@ -183,6 +216,7 @@ class LatentShards(Dataset):
         self.root = os.fspath(path)
         self.manifest = read_manifest(self.root)
         m = self.manifest
+        check_manifest_values(os.path.join(self.root, MANIFEST), m)
         self.latent_shape = tuple(int(s) for s in m["latent_shape"])
         self.num_classes = int(m["num_classes"])
         self.class_names = list(m["class_names"]) if m["class_names"] else None
@@ -208,10 +242,16 @@ class LatentShards(Dataset):
         path = os.path.join(self.root, f"{name}.labels.npy")
         try:
             labels = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as err:
-            raise DataError(f"cannot read {path} ({err}); re-extract that shard or run `dit data verify`") from None
+        except (OSError, *NPY_ERRORS) as err:
+            raise DataError(f"cannot read {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
         if labels.shape != (count,):
             raise DataError(f"{path} holds {labels.shape} labels, manifest says {count}; run `dit data verify`")
+        if labels.dtype.kind not in "iu":
+            raise DataError(f"{path} holds {labels.dtype} labels; labels are integer class ids, run `dit data verify`")
+        bad = np.flatnonzero((labels < 0) | (labels >= self.num_classes))
+        if bad.size:
+            raise DataError(f"{path}: label {int(labels[bad[0]])} (row {int(bad[0])}) is outside 0..{self.num_classes - 1}; "
+                            "run `dit data verify`")
         return labels.astype(np.int64, copy=False)
 
     def __getstate__(self):
@@ -235,11 +275,13 @@ class LatentShards(Dataset):
             path = os.path.join(self.root, f"{self.names[shard]}.npy")
             try:
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (OSError, ValueError, EOFError) as err:
-                raise DataError(f"cannot open {path} ({err}); re-extract that shard or run `dit data verify`") from None
+            except (OSError, *NPY_ERRORS) as err:
+                raise DataError(f"cannot open {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
             want = (int(self.offsets[shard + 1] - self.offsets[shard]), *self._entry)
             if array.shape != want:
                 raise DataError(f"{path} has shape {array.shape}, manifest says {want}; run `dit data verify`")
+            if array.dtype != np.dtype(self.manifest["dtype"]):
+                raise DataError(f"{path} holds {array.dtype}, manifest says {self.manifest['dtype']}; run `dit data verify`")
             self._arrays[shard] = array
         return array
 
@@ -296,5 +338,11 @@ class LatentShards(Dataset):
             # Without stored flips, mirroring the latent is the usual approximation of encoding the mirrored image.
             mask = torch.from_numpy(flips)
             x[mask] = x[mask].flip(-1)
+        finite = torch.isfinite(x).flatten(1).all(1)
+        if not bool(finite.all()):
+            i = int(index[int((~finite).nonzero()[0])])
+            shard, row = self.locate(i)
+            raise DataError(f"{self.root}/{self.names[shard]}.npy row {row} holds NaN or inf; run `dit data verify` "
+                            "and re-extract that shard")
         y = torch.from_numpy(self.labels[index])
         return list(zip(x.unbind(0), y.unbind(0)))

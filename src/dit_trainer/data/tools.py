@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import shards as sh
+from dit_trainer.data.indexing import NPY_ERRORS, one_line
 from dit_trainer.errors import DataError
 
 # Rows checked for NaN/inf per read: bounds memory at ImageNet scale without per-row overhead.
@@ -105,8 +106,8 @@ def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> Lis
     path = os.path.join(root, f"{name}.npy")
     try:
         data = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as err:
-        return [f"{path}: cannot open ({err}); re-extract this shard"]
+    except (OSError, *NPY_ERRORS) as err:
+        return [f"{path}: cannot open ({one_line(err)}); re-extract this shard"]
     if data.shape != (count, *entry):
         problems.append(f"{path}: shape {data.shape}, manifest expects {(count, *entry)}")
     if data.dtype != np.dtype(m["dtype"]):
@@ -120,8 +121,8 @@ def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> Lis
             problems.append(f"{lpath}: dtype {labels.dtype}, expected integers")
         elif count and (labels.min() < 0 or labels.max() >= m["num_classes"]):
             problems.append(f"{lpath}: labels span {labels.min()}..{labels.max()}, outside 0..{m['num_classes'] - 1}")
-    except (OSError, ValueError, EOFError) as err:
-        problems.append(f"{lpath}: cannot read ({err}); re-extract this shard")
+    except (OSError, *NPY_ERRORS) as err:
+        problems.append(f"{lpath}: cannot read ({one_line(err)}); re-extract this shard")
     if problems or data.ndim != 6:
         return problems
     for lo in range(0, len(data), _SCAN_ROWS):

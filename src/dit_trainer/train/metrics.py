@@ -40,15 +40,29 @@ class MetricsLogger:
         """Drop records past `step`, so a resumed run does not log steps twice."""
         if not self.enabled or not self.path.exists():
             return
-        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [json.dumps(r) for r in _records(self.path) if r.get("step", 0) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
 
 
+def _records(path) -> list[dict]:
+    # A kill during a write leaves a half line: records that do not parse are dropped, not fatal.
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
 def read_metrics(path) -> list[dict]:
-    """All records of a `metrics.jsonl`."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """All complete records of a `metrics.jsonl` (a half-written last line is skipped)."""
+    return _records(path)

@@ -10,25 +10,23 @@ a branch of the step, not another class.
 
 import contextlib
 import functools
-import math
-import time
+import warnings
 
 import torch
 import torch.nn as nn
-from tqdm.auto import tqdm
 
-from dit_trainer.config import as_config, save_config
+from dit_trainer.config import as_config
 from dit_trainer.devices import resolve_device
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, DivergenceError
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
-from dit_trainer.train import checkpointing
+from dit_trainer.train import checkpointing, loop
 from dit_trainer.train.ema import ema_decay_at
-from dit_trainer.train.metrics import MetricsLogger
+from dit_trainer.train.signals import StopSignals
 
 
 def resolve_amp_dtype(name: str, device: torch.device):
@@ -97,6 +95,9 @@ class DiTTrainer:
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.train.seed)
         self.step = 0
+        self.skipped_steps = 0  # updates skipped for a non-finite loss (train.skip_nonfinite_steps)
+        self._signals = None  # StopSignals while train() runs
+        self.stop_requested = False  # every rank agreed to stop after this step
         self._dataset = dataset
         self._loader = None
         self._packing = None
@@ -239,13 +240,51 @@ class DiTTrainer:
         clip = self.spec.clip_grad_fn or clip_grad_norm_
         return clip([p for p in self.model.parameters()], max_norm, pp_group=pp_group)
 
+    def _agree(self, nonfinite: torch.Tensor) -> tuple:
+        """(any rank saw a non-finite value, any rank was asked to stop): one all-reduce, one sync per step."""
+        stop = float(self._signals is not None and self._signals.requested is not None)
+        flags = torch.stack([nonfinite.float(), torch.tensor(stop, device=nonfinite.device)])
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        bad, stop = flags.tolist()
+        return bad > 0, stop > 0
+
     def _finish_step(self, loss) -> dict:
-        """After backward: optimizer (with clipping), step count, EMA; the global-batch loss as floats."""
-        grad_norm = None
+        """After backward: optimizer (with clipping), step count, EMA; the global-batch loss as floats.
+
+        A non-finite loss or gradient norm on any rank stops before the optimizer step, so the
+        weights (and the last checkpoint) stay good, or skips the update with train.skip_nonfinite_steps.
+        """
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
-        if self.cfg.optim.max_grad_norm > 0:
-            grad_norm = self._clip_grads(self.cfg.optim.max_grad_norm)
+        clip = self.cfg.optim.max_grad_norm
+        # Without clipping the norm is still taken (max_norm inf leaves the gradients as they are).
+        norm = self._clip_grads(clip if clip > 0 else float("inf"))
+        grad_norm = norm if clip > 0 else None
+        # GradScaler skips steps with inf gradients by itself; only the loss is checked then.
+        bad = ~torch.isfinite(loss.detach()).all()
+        if not self.scaler:
+            bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
+        bad, self.stop_requested = self._agree(bad)
+        if bad:
+            what = f"loss {self.dims.all_reduce_mean(loss).item()}, grad norm {float(norm)}"
+            if not self.cfg.train.skip_nonfinite_steps:
+                from dit_trainer.checkpoint import latest_checkpoint
+
+                last = latest_checkpoint(self.cfg.output_dir)
+                kept = f"{last} is intact" if last else "no checkpoint was written yet"
+                raise DivergenceError(f"non-finite {what} at step {self.step + 1}; the update was not applied and {kept}; "
+                                      "lower optim.lr, set optim.max_grad_norm, or set train.skip_nonfinite_steps true")
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler:
+                self.scaler.update()
+            with warnings.catch_warnings():
+                # The schedule follows the step count; torch warns when no optimizer step came first.
+                warnings.simplefilter("ignore", UserWarning)
+                self.lr_scheduler.step()
+            self.step += 1
+            self.skipped_steps += 1
+            return {"loss": float("nan"), "lr": self.lr_scheduler.get_last_lr()[0], "skipped": True}
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -272,6 +311,7 @@ class DiTTrainer:
             "torch_rng": torch.get_rng_state(),
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "data": self._loader.state_dict() if self._loader is not None else None,
+            "skipped_steps": self.skipped_steps,
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -283,6 +323,7 @@ class DiTTrainer:
     def load_trainer_state(self, state: dict) -> None:
         """Restore what `trainer_state` saved."""
         self.step = int(state["step"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -301,10 +342,6 @@ class DiTTrainer:
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
         checkpointing.load(self, path)
-        # The saved param_groups carry the writer's kernel choice (fused on one process); this
-        # layout's parameters decide which kernel can run here.
-        for group in self.optimizer.param_groups:
-            group["fused"], group["foreach"] = self._optimizer_kernels["fused"], self._optimizer_kernels["foreach"]
 
     def ema_model(self):
         """A plain eval-mode model holding the EMA weights on rank 0 (None elsewhere); all ranks call it."""
@@ -319,6 +356,13 @@ class DiTTrainer:
         cfg = self.cfg
         dataset = self._dataset if self._dataset is not None else build_dataset(cfg)
         self._dataset = dataset
+        shape = getattr(dataset, "latent_shape", None)
+        if shape is not None and tuple(shape) != tuple(self.sample_shape):
+            from dit_trainer.errors import DataError
+
+            raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
+                            f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
+                            "(input_size is the image size / 8) or re-extract the data")
         sampler = GlobalBatchSampler(
             len(dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
             dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size,
@@ -326,67 +370,25 @@ class DiTTrainer:
         return StepLoader(dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
 
     def maybe_resume(self):
-        """Load the newest checkpoint of `output_dir` when resuming is on; returns its path or None."""
-        if not self.cfg.checkpoint.resume:
-            return None
-        from dit_trainer.checkpoint import latest_checkpoint
+        """Load the newest usable checkpoint of `output_dir` when resuming is on; returns its path or None.
 
-        latest = latest_checkpoint(self.cfg.output_dir)
-        if latest is not None:
-            self.load_checkpoint(latest)
-        return latest
+        With resuming off, an earlier run in `output_dir` is refused, archived or overwritten
+        (`checkpoint.on_existing`).
+        """
+        from dit_trainer.train import resume
+
+        if not self.cfg.checkpoint.resume:
+            resume.prepare_fresh_start(self)
+            return None
+        return resume.resume_latest(self)
 
     def train(self) -> dict:
-        """Run until `train.max_steps`; returns the last logged metrics."""
-        cfg = self.cfg
-        if self._loader is None:
-            self._loader = self.build_loader()
-        resumed = self.maybe_resume()
-        main = self.dims.is_main
-        logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
-        if main:
-            save_config(cfg, _mkdir(cfg.output_dir) / "config.yaml")
-            if resumed is not None:
-                logger.truncate_after(self.step)
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
-                   desc="train", dynamic_ncols=True)
-        last, running, n_running = {}, 0.0, 0
-        t0, step0 = time.perf_counter(), self.step
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        while self.step < cfg.train.max_steps:
-            out = self.train_step(next(self._loader))
-            if not math.isfinite(out["loss"]):
-                raise FloatingPointError(f"loss is {out['loss']} at step {self.step}; lower optim.lr or check the data")
-            running, n_running = running + out["loss"], n_running + 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{out['loss']:.4f}")
-            if self.step % cfg.logging.log_steps == 0 or self.step == cfg.train.max_steps:
-                elapsed = time.perf_counter() - t0
-                steps = self.step - step0
-                last = {
-                    "loss": running / n_running,
-                    "lr": out["lr"],
-                    "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
-                    "s_per_step": elapsed / max(steps, 1),
-                    "peak_mem_gb": _peak_memory_gb(self.device),
-                }
-                if "grad_norm" in out:
-                    last["grad_norm"] = out["grad_norm"]
-                logger.log(self.step, last)
-                if main:
-                    # tqdm.write keeps the bar intact; without a bar this is a plain log line.
-                    tqdm.write(f"step {self.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
-                               f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB")
-                running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), self.step
-            # Sharded EMA weights are gathered by every rank, so all of them call in.
-            if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
-                self.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png")
-            if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps:
-                self.save_checkpoint()
-        bar.close()
-        logger.close()
-        return last
+        """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
+        with StopSignals() as self._signals:
+            try:
+                return loop.run(self)
+            finally:
+                self._signals = None
 
     def save_sample_grid(self, path, **kwargs):
         """Draw a grid from the EMA weights (one row per class) with the run's objective; all ranks call it."""
@@ -398,20 +400,3 @@ class DiTTrainer:
             result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
         checkpointing.barrier()
         return result
-
-
-def _mkdir(*parts):
-    from pathlib import Path
-
-    p = Path(*[str(x) for x in parts])
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-def _peak_memory_gb(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

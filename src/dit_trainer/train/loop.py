@@ -1,0 +1,108 @@
+"""The training loop of `DiTTrainer`: resume, steps, logging, checkpoints, stopping on request."""
+
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from dit_trainer.config import save_config
+from dit_trainer.train.metrics import MetricsLogger
+
+
+def run(trainer) -> dict:
+    """The loop of `DiTTrainer.train` (its signal handlers already installed)."""
+    cfg = trainer.cfg
+    if trainer._loader is None:
+        trainer._loader = trainer.build_loader()
+    resumed = trainer.maybe_resume()
+    main = trainer.dims.is_main
+    if resumed is not None and trainer.step >= cfg.train.max_steps:
+        if main:
+            print(f"the run in {cfg.output_dir} is finished: {resumed.name} reached train.max_steps "
+                  f"{cfg.train.max_steps}; raise train.max_steps to train further")
+        return {}
+    if main:
+        _check_writable(cfg.output_dir)
+    logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
+    if main:
+        save_config(cfg, _mkdir(cfg.output_dir) / "config.yaml")
+        # Also without a checkpoint: a run killed before its first save logged steps that will be redone.
+        logger.truncate_after(trainer.step)
+    bar = tqdm(total=cfg.train.max_steps, initial=trainer.step, disable=not (main and cfg.logging.progress),
+               desc="train", dynamic_ncols=True)
+    last, running, n_running = {}, 0.0, 0
+    t0, step0 = time.perf_counter(), trainer.step
+    if trainer.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(trainer.device)
+    while trainer.step < cfg.train.max_steps:
+        out = trainer.train_step(next(trainer._loader))
+        if not out.get("skipped"):
+            running, n_running = running + out["loss"], n_running + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{out['loss']:.4f}")
+        if trainer.step % cfg.logging.log_steps == 0 or trainer.step == cfg.train.max_steps:
+            elapsed = time.perf_counter() - t0
+            steps = trainer.step - step0
+            last = {
+                "loss": running / n_running if n_running else float("nan"),
+                "lr": out["lr"],
+                "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
+                "s_per_step": elapsed / max(steps, 1),
+                "peak_mem_gb": _peak_memory_gb(trainer.device),
+            }
+            if "grad_norm" in out:
+                last["grad_norm"] = out["grad_norm"]
+            if trainer.skipped_steps:
+                last["skipped_steps"] = trainer.skipped_steps
+            logger.log(trainer.step, last)
+            if main:
+                # tqdm.write keeps the bar intact; without a bar this is a plain log line.
+                tqdm.write(f"step {trainer.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
+                           f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB")
+            running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), trainer.step
+        # Sharded EMA weights are gathered by every rank, so all of them call in.
+        if cfg.logging.image_steps and trainer.step % cfg.logging.image_steps == 0:
+            trainer.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{trainer.step:08d}.png")
+        if trainer.step % cfg.checkpoint.save_steps == 0 or trainer.step == cfg.train.max_steps or trainer.stop_requested:
+            trainer.save_checkpoint()
+        if trainer.stop_requested:
+            if main:
+                tqdm.write(f"stopped at step {trainer.step} on request; checkpoint saved in "
+                           f"{cfg.output_dir}/checkpoints; rerun the same command to continue")
+            break
+    bar.close()
+    logger.close()
+    return last
+
+
+def _mkdir(*parts):
+    from pathlib import Path
+
+    p = Path(*[str(x) for x in parts])
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _check_writable(output_dir) -> None:
+    """A one-line error naming output_dir when it cannot be created or written."""
+    from pathlib import Path
+
+    from dit_trainer.errors import CheckpointError
+
+    try:
+        path = _mkdir(output_dir)
+        probe = Path(path) / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"output_dir {output_dir} is not writable ({err.strerror or err}); "
+                              "pick another output_dir or fix its permissions") from None
+
+
+def _peak_memory_gb(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
