@@ -71,6 +71,11 @@ def register_objective(name: str, target: str) -> None:
     _OBJECTIVES[name] = target
 
 
+def list_objectives() -> list:
+    """Names `cfg.objective` may take."""
+    return list(_OBJECTIVES)
+
+
 def build_objective(cfg) -> Objective:
     """The objective `cfg.objective` names, built from the config."""
     name = getattr(cfg, "objective", "diffusion") or "diffusion"

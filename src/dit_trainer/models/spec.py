@@ -93,8 +93,12 @@ def _model_section(cfg) -> Mapping:
     return d
 
 
-def family_options(name: str, options: Mapping) -> dict:
-    """`options` typed and checked against the family config of model `name` (unknown names pass)."""
+def family_options(name: str, options: Mapping, model=None) -> dict:
+    """`options` typed and checked against the family config of model `name` (unknown names pass).
+
+    A family config with a `check(name, model)` method also checks the values, given the model
+    section `model` (its shared fields such as `input_size`).
+    """
     spec = _lookup(name)
     if spec is None or spec.config_cls is None:
         return dict(options)
@@ -105,6 +109,8 @@ def family_options(name: str, options: Mapping) -> dict:
             candidates = ["name", *SHARED_FIELDS, "weights_path", *own]
             raise closest_key_error(f"model.{key}", [f"model.{c}" for c in candidates])
     typed = build_dataclass(spec.config_cls, dict(options), prefix="model.")
+    if model is not None and hasattr(typed, "check"):
+        typed.check(spec.name, model)
     return {k: getattr(typed, k) for k in options}
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from dit_trainer.config import as_config, save_config
+from dit_trainer.config import as_config, save_config, validate
 from dit_trainer.devices import resolve_device
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
@@ -26,7 +26,7 @@ from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_
-from dit_trainer.train import checkpointing
+from dit_trainer.train import checkpointing, resume_checks
 from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.metrics import MetricsLogger
 
@@ -52,6 +52,13 @@ class DiTTrainer:
 
     def __init__(self, config, dataset=None):
         self.cfg = cfg = as_config(config)
+        if dataset is None and cfg.data.path is not None:
+            from dit_trainer.data.loader import shape_from_data
+
+            # The data decides the model's shape where the config does not: open it before the model.
+            dataset = shape_from_data(cfg)
+        else:
+            validate(cfg)
         self.device = resolve_device(cfg.train.device)
         self.dims = init_distributed(cfg.parallel, self.device)
         if self.device.type == "cuda" and self.dims.distributed:
@@ -314,13 +321,18 @@ class DiTTrainer:
         return StepLoader(dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
 
     def maybe_resume(self):
-        """Load the newest checkpoint of `output_dir` when resuming is on; returns its path or None."""
-        if not self.cfg.checkpoint.resume:
+        """Load `checkpoint.resume_from`, else the newest checkpoint of `output_dir` when resuming is on;
+        returns its path or None."""
+        if self.cfg.checkpoint.resume_from:
+            latest = resume_checks.resolve_resume_from(self.cfg)
+        elif not self.cfg.checkpoint.resume:
             return None
-        from dit_trainer.checkpoint import latest_checkpoint
+        else:
+            from dit_trainer.checkpoint import latest_checkpoint
 
-        latest = latest_checkpoint(self.cfg.output_dir)
+            latest = latest_checkpoint(self.cfg.output_dir)
         if latest is not None:
+            resume_checks.check_same_model(self.cfg, latest)
             self.load_checkpoint(latest)
         return latest
 
