@@ -193,12 +193,22 @@ def _unknown(key: str, obj, prefix: str) -> ConfigError:
     return closest_key_error(key, _all_keys(), listed)
 
 
-def explicit_keys(cfg: Config) -> set:
-    """The dotted keys the YAML, a dict or the command line set (the rest hold defaults).
-
-    Model shape keys that are not set here are taken from the data (see `data.loader`).
-    """
+def _set_keys(cfg: Config) -> set:
     return cfg.__dict__.setdefault("_explicit", set())
+
+
+def explicit_keys(cfg: Config) -> set:
+    """The dotted keys the user set: by the YAML, a dict or the command line, or (for a Config built
+    in code) to a value other than the default. Model shape keys not set are taken from the data."""
+    default = Config()
+    changed = {k for k in _all_keys() if _get(cfg, k) != _get(default, k)}
+    return _set_keys(cfg) | changed | {f"model.{k}" for k in cfg.model.options}
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def set_key(cfg: Config, key: str, value: Any) -> None:
@@ -213,10 +223,10 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
                 if not isinstance(value, dict):
                     raise ConfigError("config key 'model.options' needs a mapping")
                 obj.options.update(value)
-                explicit_keys(cfg).update(f"model.{k}" for k in value)
+                _set_keys(cfg).update(f"model.{k}" for k in value)
             else:
                 obj.options[part] = value
-                explicit_keys(cfg).add(key)
+                _set_keys(cfg).add(key)
             return
         if part not in fields:
             raise _unknown(key, obj, ".".join(parts[:i]) + "." if i else "")
@@ -229,7 +239,7 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
                     set_key(cfg, f"{key}.{sub}", v)
             else:
                 setattr(obj, part, coerce(value, f.type, key))
-                explicit_keys(cfg).add(key)
+                _set_keys(cfg).add(key)
             return
         if not dataclasses.is_dataclass(f.type):
             raise _unknown(key, obj, ".".join(parts[:i]) + "." if i else "")
