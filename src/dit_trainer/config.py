@@ -5,6 +5,7 @@ Field names follow what PaddleMIX/DiT users already type (`model.name`, `data.pa
 """
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -190,7 +191,16 @@ def _unknown(key: str, obj, prefix: str) -> ConfigError:
     # Close matches come from every key (a key typed into the wrong section is found); without
     # one, only the keys of the section the user was in are listed.
     listed = [prefix + f.name for f in dataclasses.fields(obj) if f.name != "options"]
-    return closest_key_error(key, _all_keys(), listed)
+    keys = [k for k in _all_keys() if k != "model.options"]
+    # Match the field name itself ("optim.zzzz" shares "optim." with every optim key); a key of
+    # the same section wins over one elsewhere.
+    leaf, section = key.split(".")[-1], key.rpartition(".")[0]
+    leaves = difflib.get_close_matches(leaf, sorted({k.split(".")[-1] for k in keys}), n=3, cutoff=0.6)
+    close = sorted((k for k in keys if k.split(".")[-1] in leaves),
+                   key=lambda k: (leaves.index(k.split(".")[-1]), k.rpartition(".")[0] != section))
+    if close:
+        return ConfigError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
+    return closest_key_error(key, [], listed)
 
 
 def _set_keys(cfg: Config) -> set:
