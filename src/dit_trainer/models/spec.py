@@ -22,7 +22,8 @@ class ModelSpec:
     family's dataclass of its own options. `parallelize_fn(model, dims, cfg, param_dtype)` and
     `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
     plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
-    `state_dict_adapter` maps weights to and from released checkpoints.
+    `state_dict_adapter` maps weights to and from released checkpoints; `flops_fn(model)` gives
+    the training FLOPs of one image (for MFU).
     """
 
     name: str
@@ -33,6 +34,7 @@ class ModelSpec:
     pipelining_fn: Optional[Callable] = None
     clip_grad_fn: Optional[Callable] = None
     state_dict_adapter: Optional[Any] = None
+    flops_fn: Optional[Callable] = None  # model -> training FLOPs per image (forward + backward), for MFU
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""

@@ -10,6 +10,22 @@ from dit_trainer.errors import CheckpointError, ConfigError
 _MODEL_KEYS = ("name", "input_size", "in_channels", "num_classes", "learn_sigma")
 
 
+def checkpoint_to_resume(cfg):
+    """`checkpoint.resume_from`, else the newest checkpoint of `output_dir` when resuming is on, or
+    None; refused when it holds another model than `cfg` builds."""
+    from dit_trainer.checkpoint import latest_checkpoint
+
+    if cfg.checkpoint.resume_from:
+        path = resolve_resume_from(cfg)
+    elif not cfg.checkpoint.resume:
+        return None
+    else:
+        path = latest_checkpoint(cfg.output_dir)
+    if path is not None:
+        check_same_model(cfg, path)
+    return path
+
+
 def resolve_resume_from(cfg) -> Path:
     """The checkpoint folder `checkpoint.resume_from` names: a path, or a step number of `output_dir`."""
     from dit_trainer.checkpoint.files import checkpoint_root

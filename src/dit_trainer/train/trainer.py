@@ -29,6 +29,7 @@ from dit_trainer.parallel.utils import clip_grad_norm_
 from dit_trainer.train import checkpointing, resume_checks
 from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.metrics import MetricsLogger
+from dit_trainer.train.mfu import mfu_meter, peak_memory_gb
 
 
 def resolve_amp_dtype(name: str, device: torch.device):
@@ -74,6 +75,8 @@ class DiTTrainer:
 
             load_into(model, self.spec.from_released(load_weights(cfg.model.weights_path)), cfg.model.weights_path)
         model.to(self.device)
+        # Counted on the whole model, before parallelism splits its weights.
+        self.flops_per_image = self.spec.flops_fn(model) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.objective = build_objective(cfg)
         self._pp = None
@@ -323,16 +326,8 @@ class DiTTrainer:
     def maybe_resume(self):
         """Load `checkpoint.resume_from`, else the newest checkpoint of `output_dir` when resuming is on;
         returns its path or None."""
-        if self.cfg.checkpoint.resume_from:
-            latest = resume_checks.resolve_resume_from(self.cfg)
-        elif not self.cfg.checkpoint.resume:
-            return None
-        else:
-            from dit_trainer.checkpoint import latest_checkpoint
-
-            latest = latest_checkpoint(self.cfg.output_dir)
+        latest = resume_checks.checkpoint_to_resume(self.cfg)
         if latest is not None:
-            resume_checks.check_same_model(self.cfg, latest)
             self.load_checkpoint(latest)
         return latest
 
@@ -343,7 +338,9 @@ class DiTTrainer:
             self._loader = self.build_loader()
         resumed = self.maybe_resume()
         main = self.dims.is_main
-        logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
+        wandb = {"project": cfg.logging.wandb_project, "config": cfg.to_dict()} if cfg.logging.wandb else None
+        logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main, wandb=wandb)
+        mfu = mfu_meter(self)
         if main:
             save_config(cfg, _mkdir(cfg.output_dir) / "config.yaml")
             if resumed is not None:
@@ -369,19 +366,24 @@ class DiTTrainer:
                     "lr": out["lr"],
                     "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
                     "s_per_step": elapsed / max(steps, 1),
-                    "peak_mem_gb": _peak_memory_gb(self.device),
+                    "peak_mem_gb": peak_memory_gb(self.device),
                 }
                 if "grad_norm" in out:
                     last["grad_norm"] = out["grad_norm"]
+                if mfu is not None:
+                    last.update(mfu(last["img_per_s"]))
                 logger.log(self.step, last)
                 if main:
                     # tqdm.write keeps the bar intact; without a bar this is a plain log line.
+                    extra = f"  mfu {last['mfu']:.1%}" if "mfu" in last else ""
                     tqdm.write(f"step {self.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
-                               f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB")
+                               f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB{extra}")
                 running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), self.step
             # Sharded EMA weights are gathered by every rank, so all of them call in.
             if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
-                self.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png")
+                grid = self.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png")
+                if grid is not None:
+                    logger.log_image(self.step, "samples", grid)
             if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps:
                 self.save_checkpoint()
         bar.close()
@@ -406,12 +408,3 @@ def _mkdir(*parts):
     p = Path(*[str(x) for x in parts])
     p.mkdir(parents=True, exist_ok=True)
     return p
-
-
-def _peak_memory_gb(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
