@@ -42,7 +42,7 @@ def _source(cfg, dataset) -> str:
     path = cfg.data.path
     if getattr(dataset, "manifest", None) is not None:
         return os.path.join(path, "manifest.json")
-    return str(path)
+    return f"data.path {path}"
 
 
 def _take(cfg, key: str, value, source: str, what: str) -> None:
