@@ -4,7 +4,7 @@ from pathlib import Path
 
 import yaml
 
-from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.errors import ConfigError
 
 # What decides the weights' shapes: a checkpoint of another model cannot be resumed into this one.
 _MODEL_KEYS = ("name", "input_size", "in_channels", "num_classes", "learn_sigma")
@@ -46,8 +46,7 @@ def check_same_model(cfg, path) -> None:
     try:
         old = (yaml.safe_load(saved.read_text()) or {}).get("model") or {}
     except (OSError, yaml.YAMLError, AttributeError):
-        raise CheckpointError(f"{saved} is missing or unreadable; resume from another checkpoint or pass "
-                              f"--checkpoint.resume false") from None
+        return  # an incomplete checkpoint is the loader's to judge; this check needs the config
     new = cfg.to_dict()["model"]
     keys = [*_MODEL_KEYS, *sorted(set(old) & set(new) - set(_MODEL_KEYS) - {"class_dropout_prob", "weights_path"})]
     norm = lambda k, v: str(v).lower() if k == "name" else v  # noqa: E731 (model names are case-insensitive)
