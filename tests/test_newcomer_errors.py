@@ -107,3 +107,15 @@ def test_rerun_with_another_model_in_output_dir(capsys, tmp_path):
     capsys.readouterr()
     one_line_error(capsys, ["train", *TINY, *out, "--model.hidden_size", "32", "--model.num_heads", "2",
                             "--train.max_steps", "2"], "another output_dir", "--checkpoint.resume false")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_extract_on_cuda_without_cuda(capsys, tmp_path):
+    from PIL import Image
+
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (16, 16)).save(tmp_path / "images" / "a.png")
+    one_line_error(capsys, ["extract", "--data-path", str(tmp_path / "images"), "--vae", str(tmp_path / "vae"),
+                            "--image-size", "64", "--out", str(tmp_path / "out"), "--device", "cuda"],
+                   "--device cuda", "no usable CUDA")
+    assert not (tmp_path / "out").exists()

@@ -87,7 +87,12 @@ def _check_plan(out: str, plan: Dict, rank: int) -> None:
 def _device(name) -> torch.device:
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DataError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device {name} but this machine has no usable CUDA device; use cpu or leave --device out")
     if device.type == "cuda" and device.index is None:
         # One GPU per rank: a bare "cuda" would put every rank on GPU 0.
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
