@@ -26,4 +26,9 @@ def __getattr__(name):
     raise AttributeError(f"module 'dit_trainer' has no attribute {name!r}")
 
 
+def __dir__():
+    # The lazy names are what a user looks for; list them beside the module's own attributes.
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = sorted(_LAZY)

@@ -2,31 +2,52 @@
 
 Each stage of the chain owns its subcommands: a module listed in `COMMAND_MODULES` exposes
 `add_commands(subparsers)`, which adds parsers whose `func(args) -> int` runs the command.
-Modules are imported only when `dit` runs, so a missing optional dependency of one stage
-(diffusers, say) does not break the others.
+Registering must stay light (no torch at import: `dit --help` answers at once); each command
+imports what it needs when it runs, so a missing optional dependency of one stage (diffusers,
+say) does not break the others.
 """
 
 import argparse
 import importlib
 import sys
 
+from dit_trainer import __version__
 from dit_trainer.errors import DitError
 
 COMMAND_MODULES = (
     "dit_trainer.train.cli",  # dit train
-    "dit_trainer.sample",  # dit sample
+    "dit_trainer.sample.cli",  # dit sample
     "dit_trainer.sample.ddp",  # dit sample-ddp
     "dit_trainer.demo",  # dit demo
     "dit_trainer.data.cli",  # dit extract, dit data convert|verify
     "dit_trainer.evaluate.cli",  # dit eval
     "dit_trainer.convert",  # dit convert
+    "dit_trainer.plot",  # dit plot
 )
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to each option's help unless the help already says it or X is None/False."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows every option's default (subcommand parsers inherit it)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(prog="dit", description="Train and sample Diffusion Transformers.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = Parser(prog="dit", description="Train and sample Diffusion Transformers.")
+    parser.add_argument("--version", action="version", version=f"dit-trainer {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_commands(sub)
     return parser

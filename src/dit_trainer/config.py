@@ -5,6 +5,7 @@ Field names follow what PaddleMIX/DiT users already type (`model.name`, `data.pa
 """
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -22,13 +23,13 @@ class ModelConfig:
     live in `options`, are written at this section's level in YAML, and are checked against the
     family's config dataclass (`ModelSpec.config_cls`) once the model name is known."""
 
-    name: str = "DiT-S/2"
-    input_size: int = 32  # latent (or pixel) side
-    in_channels: int = 4
-    num_classes: int = 1000
-    learn_sigma: bool = True
-    class_dropout_prob: float = 0.1
-    weights_path: Optional[str] = None  # our checkpoint dir, an original DiT .pt, or .safetensors
+    name: str = "DiT-S/2"  # registered model name, e.g. DiT-XL/2 (any case)
+    input_size: int = 32  # latent (or pixel) side; taken from the data when not set
+    in_channels: int = 4  # latent (or pixel) channels; taken from the data when not set
+    num_classes: int = 1000  # class labels 0..num_classes-1; taken from the data when not set
+    learn_sigma: bool = True  # also predict the variance (the DiT release does)
+    class_dropout_prob: float = 0.1  # share of labels dropped for classifier-free guidance, in [0, 1)
+    weights_path: Optional[str] = None  # start from weights: our checkpoint dir, an original DiT .pt, or .safetensors
     options: dict = field(default_factory=dict)
 
     # `cfg.model.depth` reads and writes the family option, as if it were a field.
@@ -47,89 +48,96 @@ class ModelConfig:
 
 @dataclass
 class DiffusionConfig:
-    num_timesteps: int = 1000
+    num_timesteps: int = 1000  # diffusion steps of training
     noise_schedule: str = "linear"  # linear | cosine | sigmoid
-    predict_xstart: bool = False
-    use_kl: bool = False
-    sigma_small: bool = False
-    rescale_learned_sigmas: bool = False
+    predict_xstart: bool = False  # predict the clean input instead of the noise
+    use_kl: bool = False  # train on the variational bound instead of the noise MSE
+    sigma_small: bool = False  # fixed small variance when the model does not learn it
+    rescale_learned_sigmas: bool = False  # rescale the variance term of the loss (improved DDPM)
     timestep_sampler: str = "uniform"  # uniform | loss-second-moment
 
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # latents (.npy folder, fast-DiT features, shards) or "digits"
-    labels_file: Optional[str] = None
-    random_flip: bool = True
-    num_workers: int = 2
-    image_size: int = 256  # pixel size the latents came from (for decoding)
-    digits_size: int = 16  # side of the upsampled digits when path == "digits"
-    vae: Optional[str] = None  # VAE id or folder for decoding; None when training on pixels
-    scaling_factor: float = 0.18215
+    path: Optional[str] = None  # latents (shards from dit extract, .npy folder, fast-DiT features) or "digits"
+    labels_file: Optional[str] = None  # labels.json|.npy|.txt of a .npy folder (default: the one beside it)
+    unconditional: bool = False  # a .npy folder without labels: train one class
+    class_names: Optional[list] = None  # names of the classes, index = label; taken from the data when not set
+    random_flip: bool = True  # flip latents horizontally at random
+    num_workers: int = 2  # data loading processes
+    image_size: int = 256  # pixel size the latents came from (for decoding); taken from shards when not set
+    digits_size: int = 16  # side of the upsampled digits when path is "digits"
+    vae: Optional[str] = None  # VAE id or folder for decoding (shards record theirs); None for pixels
+    scaling_factor: float = 0.18215  # factor the latents were multiplied by (shards record theirs)
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    max_grad_norm: float = 0.0  # 0 disables clipping
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW beta1, in [0, 1)
+    beta2: float = 0.999  # AdamW beta2, in [0, 1)
+    eps: float = 1e-8  # AdamW epsilon
+    warmup_steps: int = 0  # linear learning-rate warmup steps
+    max_grad_norm: float = 0.0  # clip the gradient norm to this; 0 disables clipping
 
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1000
-    global_batch_size: int = 256
-    grad_accum_steps: int = 1
-    seed: int = 0
+    max_steps: int = 1000  # optimizer steps to train for
+    global_batch_size: int = 256  # samples per optimizer step over all processes
+    grad_accum_steps: int = 1  # split each process's batch into this many micro-batches
+    seed: int = 0  # seed of the data order, noise and initial weights
     mixed_precision: str = "bf16"  # bf16 | fp16 | fp32; bf16 falls back to fp32 where unsupported
-    ema_decay: float = 0.9999
+    ema_decay: float = 0.9999  # EMA weight decay per step, in [0, 1]; lower it for short runs
     ema_warmup: bool = False  # decay min(ema_decay, (1+step)/(10+step)): short runs get a useful EMA
     activation_checkpointing: str = "none"  # none | full | selective
-    compile: bool = False
-    device: str = "auto"  # auto | cpu | cuda
+    compile: bool = False  # torch.compile each block
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
 
 
 @dataclass
 class CheckpointConfig:
-    save_steps: int = 1000
-    save_total_limit: int = 3
+    save_steps: int = 1000  # save a checkpoint every this many steps (and at the end)
+    save_total_limit: int = 3  # keep the newest this many checkpoints; 0 keeps all
     resume: bool = True  # resume from the newest usable checkpoint in output_dir
+    resume_from: Optional[str] = None  # resume from this checkpoint folder or step number instead of the newest
     sharded: bool = False  # torch.distributed.checkpoint instead of full safetensors
     on_existing: str = "refuse"  # resume false over an earlier run: refuse | archive (move aside) | overwrite
 
 
 @dataclass
 class LoggingConfig:
-    log_steps: int = 10
-    image_steps: int = 0  # 0 disables sample grids during training
-    tensorboard: bool = True
-    progress: bool = True
+    log_steps: int = 10  # log the loss every this many steps
+    image_steps: int = 0  # draw a sample grid every this many steps; 0 disables
+    tensorboard: bool = True  # also write TensorBoard events (scalars and sample grids)
+    progress: bool = True  # show a progress bar
     sample_steps: int = 50  # DDIM steps for the training-time grid
-    sample_cfg_scale: float = 4.0
-    samples_per_class: int = 1
-    sample_classes: Optional[list] = None  # None: up to 10 classes spread over the label range
+    sample_cfg_scale: float = 4.0  # guidance scale of the training-time grid, >= 1
+    samples_per_class: int = 1  # grid samples per class
+    sample_classes: Optional[list] = None  # grid classes; None: up to 10 spread over the label range
+    mfu: bool = False  # log model FLOPs utilisation (measures the peak at start unless peak_tflops is set)
+    peak_tflops: float = 0.0  # peak TFLOP/s of one device for MFU (e.g. 989 for an H100 in bf16); 0 measures it
+    wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline works offline)
+    wandb_project: str = "dit-trainer"  # Weights & Biases project name
 
 
 @dataclass
 class ParallelConfig:
-    dp_replicate: int = 1
-    dp_shard: int = -1  # -1: whatever the other degrees leave of the world size
-    tp: int = 1
-    pp: int = 1
+    dp_replicate: int = 1  # data-parallel replicas (DDP, or HSDP's replicate groups)
+    dp_shard: int = -1  # FSDP shard degree; -1: whatever the other degrees leave of the world size
+    tp: int = 1  # tensor-parallel degree
+    pp: int = 1  # pipeline-parallel degree
     pp_schedule: str = "gpipe"  # gpipe | 1f1b | interleaved1f1b
-    pp_microbatches: int = 4
-    reshard_after_forward: bool = True
-    backend: str = "auto"  # auto: nccl on GPU, gloo on CPU
+    pp_microbatches: int = 4  # micro-batches per pipeline step
+    reshard_after_forward: bool = True  # FSDP frees gathered weights after forward (less memory, more traffic)
+    backend: str = "auto"  # auto | nccl | gloo; auto: nccl on GPU, gloo on CPU
 
 
 @dataclass
 class Config:
-    output_dir: str = "outputs/run"
+    output_dir: str = "outputs/run"  # where checkpoints, metrics and samples go
     objective: str = "diffusion"  # diffusion | transport: what the model learns and how it samples
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
@@ -183,7 +191,38 @@ def _all_keys(cls=Config, prefix="") -> list[str]:
     return keys
 
 
-_unknown = closest_key_error
+def _unknown(key: str, obj, prefix: str) -> ConfigError:
+    # Close matches come from every key (a key typed into the wrong section is found); without
+    # one, only the keys of the section the user was in are listed.
+    listed = [prefix + f.name for f in dataclasses.fields(obj) if f.name != "options"]
+    keys = [k for k in _all_keys() if k != "model.options"]
+    # Match the field name itself ("optim.zzzz" shares "optim." with every optim key); a key of
+    # the same section wins over one elsewhere.
+    leaf, section = key.split(".")[-1], key.rpartition(".")[0]
+    leaves = difflib.get_close_matches(leaf, sorted({k.split(".")[-1] for k in keys}), n=3, cutoff=0.6)
+    close = sorted((k for k in keys if k.split(".")[-1] in leaves),
+                   key=lambda k: (leaves.index(k.split(".")[-1]), k.rpartition(".")[0] != section))
+    if close:
+        return ConfigError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
+    return closest_key_error(key, [], listed)
+
+
+def _set_keys(cfg: Config) -> set:
+    return cfg.__dict__.setdefault("_explicit", set())
+
+
+def explicit_keys(cfg: Config) -> set:
+    """The dotted keys the user set: by the YAML, a dict or the command line, or (for a Config built
+    in code) to a value other than the default. Model shape keys not set are taken from the data."""
+    default = Config()
+    changed = {k for k in _all_keys() if _get(cfg, k) != _get(default, k)}
+    return _set_keys(cfg) | changed | {f"model.{k}" for k in cfg.model.options}
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def set_key(cfg: Config, key: str, value: Any) -> None:
@@ -198,11 +237,13 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
                 if not isinstance(value, dict):
                     raise ConfigError("config key 'model.options' needs a mapping")
                 obj.options.update(value)
+                _set_keys(cfg).update(f"model.{k}" for k in value)
             else:
                 obj.options[part] = value
+                _set_keys(cfg).add(key)
             return
         if part not in fields:
-            raise _unknown(key, _all_keys())
+            raise _unknown(key, obj, ".".join(parts[:i]) + "." if i else "")
         f = fields[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(f.type):
@@ -212,9 +253,10 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
                     set_key(cfg, f"{key}.{sub}", v)
             else:
                 setattr(obj, part, coerce(value, f.type, key))
+                _set_keys(cfg).add(key)
             return
         if not dataclasses.is_dataclass(f.type):
-            raise _unknown(key, _all_keys())
+            raise _unknown(key, obj, ".".join(parts[:i]) + "." if i else "")
         obj = getattr(obj, part)
 
 
@@ -237,10 +279,15 @@ def config_from_dict(d: Optional[dict]) -> Config:
 
 
 def validate(cfg: Config) -> Config:
-    """Check and type the model family's options against its config dataclass; returns `cfg`."""
+    """Check every value (ranges, names) and type the model family's options; returns `cfg`.
+
+    Each impossible value is a one-line ConfigError naming the key, the value and what is allowed.
+    """
+    from dit_trainer.config_checks import check_values
     from dit_trainer.models.spec import family_options
 
-    cfg.model.options = family_options(cfg.model.name, cfg.model.options)
+    check_values(cfg)
+    cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model)
     return cfg
 
 

@@ -8,6 +8,8 @@ one row per digit. The config is `configs/demo_digits.yaml`; `demo_config()` is 
 import time
 from pathlib import Path
 
+from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it here)
+
 DEMO_STEPS = 2000
 
 
@@ -35,30 +37,6 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
         "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 50,
                     "sample_cfg_scale": 4.0, "samples_per_class": 10},
     }
-
-
-def plot_loss(metrics_path, out_path) -> Path:
-    """Loss against step from `metrics.jsonl`, as a PNG."""
-    from dit_trainer.train.metrics import read_metrics
-
-    records = read_metrics(metrics_path)
-    steps = [r["step"] for r in records]
-    losses = [r["loss"] for r in records]
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot(steps, losses, color="tab:blue")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (MSE on noise)")
-    ax.set_title("dit demo: DiT on scikit-learn digits")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_path)
-    plt.close(fig)
-    return Path(out_path)
 
 
 def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progress=True, objective="diffusion") -> dict:
@@ -91,7 +69,7 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     with Image.open(grid) as im:
         im.resize((im.width * 4, im.height * 4), Image.NEAREST).save(grid)
     np.savez(out / "samples.npz", images=images.numpy(), labels=np.asarray(labels, dtype=np.int64))
-    loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png")
+    loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title="dit demo: DiT on scikit-learn digits")
     summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step}
     try:
         from dit_trainer.data.digits import classify_images
@@ -106,11 +84,11 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
 def add_commands(sub) -> None:
     """Register `dit demo`."""
     p = sub.add_parser("demo", help="train a small DiT on scikit-learn's digits and draw a sample grid (CPU, minutes)")
-    p.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps (default {DEMO_STEPS})")
-    p.add_argument("--out", default="outputs/demo", help="output folder (default outputs/demo)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=DEMO_STEPS, help="training steps")
+    p.add_argument("--out", default="outputs/demo", help="output folder")
+    p.add_argument("--seed", type=int, default=0, help="seed of data order, noise and weights")
     p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion",
                    help="Gaussian diffusion (DiT) or interpolant transport (SiT)")
     p.set_defaults(func=run)

@@ -1,10 +1,23 @@
 """Which device a command runs on."""
 
-import torch
+from dit_trainer.errors import ConfigError
 
 
-def resolve_device(name: str) -> torch.device:
-    """"auto" picks CUDA when present, else CPU."""
+def resolve_device(name: str, key: str = "train.device"):
+    """"auto" picks CUDA when present, else CPU; asking for an absent CUDA device is a one-line error naming `key`."""
+    import torch
+
+    from dit_trainer.config_checks import check_device_name
+
+    check_device_name(name, key)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key} is {name!r} but this machine has no usable CUDA device; use auto or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"{key} is {name!r} but only {torch.cuda.device_count()} CUDA devices are visible")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key} is {name!r} but MPS is not available here; use auto or cpu")
+    return device

@@ -62,11 +62,16 @@ def coerce(value: Any, tp, key: str):
 
 
 
-def closest_key_error(key: str, candidates) -> ConfigError:
-    """An unknown-key error naming the closest valid key, or listing the valid ones."""
+def closest_key_error(key: str, candidates, listed=None) -> ConfigError:
+    """An unknown-key error naming the closest valid key, or listing `listed` (default: the candidates).
+
+    Pass the keys of the key's own section as `listed`: a list of every key of every section is
+    too long to read on one line.
+    """
     candidates = list(candidates)
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(candidates)}"
+    listed = candidates if listed is None else list(listed)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(listed)}"
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 

@@ -78,8 +78,17 @@ def test_model_vs_data_latent_shape(tmp_path):
 
     from dit_trainer.train import DiTTrainer
 
+    from dit_trainer.errors import ConfigError
+
     data = write_npy_latents(tmp_path / "latents", n=8, shape=(3, 8, 8))
-    trainer = DiTTrainer(tiny_config(tmp_path / "run", data={"path": str(data)}))
+    # The config sets in_channels 4 explicitly, so the conflict with the data is found at build time.
+    with pytest.raises(ConfigError, match="model.in_channels is 4 but .* holds 3-channel latents") as err:
+        DiTTrainer(tiny_config(tmp_path / "run", data={"path": str(data)}))
+    assert "\n" not in str(err.value)
+    # A dataset handed in directly is checked when the first batch arrives.
+    from dit_trainer.data.latents import NpyLatentFolder
+
+    trainer = DiTTrainer(tiny_config(tmp_path / "run2"), dataset=NpyLatentFolder(str(data), num_classes=10))
     with pytest.raises(DataError, match="3x8x8 latents but the model takes 4x8x8"):
         trainer.train()
 

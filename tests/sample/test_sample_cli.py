@@ -21,6 +21,7 @@ def tiny_cfg(in_channels=1, data_path="digits", vae=None):
         setattr(cfg.model, key, value)
     cfg.model.in_channels = in_channels
     cfg.data.path, cfg.data.vae = data_path, vae
+    cfg.data.digits_size = 8  # the data decides the model's shape: match the tiny model's input
     cfg.train.device, cfg.train.mixed_precision = "cpu", "fp32"
     return cfg
 

@@ -1,16 +1,28 @@
 """Training data: latent datasets in each supported layout, packed shards and VAE extraction,
-and the digits for the demo. Heavy optional parts (diffusers, scikit-learn) load on first use."""
+and the digits for the demo. Names load on first use (torch, diffusers and scikit-learn only
+when needed), so registering `dit extract` and `dit data` does not import torch."""
 
-from dit_trainer.data.digits import DigitsDataset, classify_images, digits_classifier
-from dit_trainer.data.extract import run_extract
-from dit_trainer.data.images import center_crop_arr, list_image_folder
-from dit_trainer.data.latents import FastDiTFeatures, NpyLatentFolder, open_latent_dataset
-from dit_trainer.data.shards import LatentShards, ShardWriter, read_manifest, write_manifest
-from dit_trainer.data.tools import convert, verify
-from dit_trainer.data.vae import decode, encode, load_vae
+import importlib
 
-__all__ = [
-    "DigitsDataset", "classify_images", "digits_classifier", "center_crop_arr", "list_image_folder",
-    "FastDiTFeatures", "NpyLatentFolder", "open_latent_dataset", "LatentShards", "ShardWriter",
-    "read_manifest", "write_manifest", "convert", "verify", "decode", "encode", "load_vae", "run_extract",
-]
+_LAZY = {
+    "DigitsDataset": "digits", "classify_images": "digits", "digits_classifier": "digits",
+    "run_extract": "extract",
+    "center_crop_arr": "images", "list_image_folder": "images",
+    "FastDiTFeatures": "latents", "NpyLatentFolder": "latents", "open_latent_dataset": "latents",
+    "LatentShards": "shards", "ShardWriter": "shards", "read_manifest": "shards", "write_manifest": "shards",
+    "convert": "tools", "verify": "tools",
+    "decode": "vae", "encode": "vae", "load_vae": "vae",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"dit_trainer.data.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'dit_trainer.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)

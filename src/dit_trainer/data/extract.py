@@ -87,7 +87,12 @@ def _check_plan(out: str, plan: Dict, rank: int) -> None:
 def _device(name) -> torch.device:
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DataError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device {name} but this machine has no usable CUDA device; use cpu or leave --device out")
     if device.type == "cuda" and device.index is None:
         # One GPU per rank: a bare "cuda" would put every rank on GPU 0.
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -127,8 +132,12 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     if os.path.isdir(os.path.expanduser(vae_name)):
         # Recorded in the manifest for `dit sample`, which may run from another directory.
         vae_name = os.path.abspath(os.path.expanduser(vae_name))
-    os.makedirs(out, exist_ok=True)
     torch_dtype = resolve_dtype(vae_dtype)
+    # The VAE loads before anything is written: a wrong --vae must not record a plan that then
+    # refuses the corrected command.
+    device = _device(device)
+    model = load_vae(vae_name, torch_dtype, device)
+    os.makedirs(out, exist_ok=True)
     plan = {
         "data_path": os.path.abspath(data_path), "files_sha256": _files_digest(paths, labels, data_path),
         "num_images": len(paths), "vae": vae_name, "vae_dtype": str(torch_dtype).replace("torch.", ""),
@@ -141,8 +150,6 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     if dist.rank != 0:
         _check_plan(out, plan, dist.rank)
 
-    device = _device(device)
-    model = load_vae(vae_name, torch_dtype, device)
     sf, shift = scaling(model)
     shape = latent_shape(model, image_size)
     num_shards = math.ceil(len(paths) / shard_size)

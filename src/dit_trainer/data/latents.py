@@ -166,11 +166,15 @@ class _LatentFiles(Dataset):
 class NpyLatentFolder(_LatentFiles):
     """A folder of per-image `.npy` latents with an optional labels file beside them."""
 
-    def __init__(self, path, num_classes=None, random_flip=False, labels_file=None, seed=0):
+    def __init__(self, path, num_classes=None, random_flip=False, labels_file=None, seed=0, unconditional=None):
+        """`unconditional`: None labels a folder without labels file 0; False refuses such a folder
+        (what `dit train` asks, so labels are never silently lost); True ignores labels (one class)."""
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise DataError(f"{path} is not a folder; pass a folder of .npy latents")
-        if labels_file is None:
+        if unconditional:
+            labels_file = None
+        elif labels_file is None:
             labels_file = find_labels_file(path)
         else:
             labels_file = os.fspath(labels_file)
@@ -184,6 +188,12 @@ class NpyLatentFolder(_LatentFiles):
         shape = _scan_shapes(paths)
         stems = [n[:-4] for n in names]
         if labels_file is None:
+            if unconditional is False:
+                raise DataError(
+                    f"{path} has no labels file; write labels.json beside the latents mapping each file name to "
+                    f'its class ({{"labels": {{"{stems[0]}": 0, ...}}, "class_names": ["cat", ...]}}), pass '
+                    f"data.labels_file, or set data.unconditional: true to train one class"
+                )
             labels, class_names, where = np.zeros(len(paths), dtype=np.int64), None, paths
         else:
             labels, class_names = read_labels_file(labels_file, stems)
@@ -245,10 +255,11 @@ class FastDiTFeatures(_LatentFiles):
         super().__init__(paths, labels, shape, n, None, random_flip, seed)
 
 
-def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, labels_file=None):
+def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, labels_file=None, unconditional=None):
     """The latent dataset at `path`, its layout detected: shards, fast-DiT features or a `.npy` folder.
 
-    `labels_file` applies to a `.npy` folder only; the other layouts carry their own labels.
+    `labels_file` and `unconditional` (see `NpyLatentFolder`) apply to a `.npy` folder only; the
+    other layouts carry their own labels.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -279,4 +290,5 @@ def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, label
     parent, base = os.path.split(os.path.normpath(path))
     if base == FASTDIT_FEATURES and os.path.isdir(os.path.join(parent, FASTDIT_LABELS)):
         return FastDiTFeatures(parent, num_classes=num_classes, random_flip=random_flip, seed=seed)
-    return NpyLatentFolder(path, num_classes=num_classes, random_flip=random_flip, labels_file=labels_file, seed=seed)
+    return NpyLatentFolder(path, num_classes=num_classes, random_flip=random_flip, labels_file=labels_file, seed=seed,
+                           unconditional=unconditional)

@@ -22,7 +22,8 @@ class ModelSpec:
     family's dataclass of its own options. `parallelize_fn(model, dims, cfg, param_dtype)` and
     `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
     plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
-    `state_dict_adapter` maps weights to and from released checkpoints.
+    `state_dict_adapter` maps weights to and from released checkpoints; `flops_fn(model)` gives
+    the training FLOPs of one image (for MFU).
     """
 
     name: str
@@ -33,6 +34,7 @@ class ModelSpec:
     pipelining_fn: Optional[Callable] = None
     clip_grad_fn: Optional[Callable] = None
     state_dict_adapter: Optional[Any] = None
+    flops_fn: Optional[Callable] = None  # model -> training FLOPs per image (forward + backward), for MFU
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""
@@ -93,8 +95,12 @@ def _model_section(cfg) -> Mapping:
     return d
 
 
-def family_options(name: str, options: Mapping) -> dict:
-    """`options` typed and checked against the family config of model `name` (unknown names pass)."""
+def family_options(name: str, options: Mapping, model=None) -> dict:
+    """`options` typed and checked against the family config of model `name` (unknown names pass).
+
+    A family config with a `check(name, model)` method also checks the values, given the model
+    section `model` (its shared fields such as `input_size`).
+    """
     spec = _lookup(name)
     if spec is None or spec.config_cls is None:
         return dict(options)
@@ -105,6 +111,8 @@ def family_options(name: str, options: Mapping) -> dict:
             candidates = ["name", *SHARED_FIELDS, "weights_path", *own]
             raise closest_key_error(f"model.{key}", [f"model.{c}" for c in candidates])
     typed = build_dataclass(spec.config_cls, dict(options), prefix="model.")
+    if model is not None and hasattr(typed, "check"):
+        typed.check(spec.name, model)
     return {k: getattr(typed, k) for k in options}
 
 

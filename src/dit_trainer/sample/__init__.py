@@ -1,25 +1,33 @@
 """Sampling: a trained model and its objective -> images (PNG grids, ADM `.npz` batches).
 
 Depends on models, objectives, checkpoint reading and the VAE; never on the training package.
+Names load on first use, so registering `dit sample` (this package's `cli`) does not import torch.
 """
 
-from dit_trainer.sample.cli import add_commands, run
-from dit_trainer.sample.decode import DEFAULT_VAE, decode, load_decoder, to_images, vae_source
-from dit_trainer.sample.images import save_grid, save_npz, to_uint8
-from dit_trainer.sample.loading import load_model
-from dit_trainer.sample.sampling import (
-    IMAGENET_DEMO_LABELS,
-    as_objective,
-    default_classes,
-    guided_model_fn,
-    has_null_class,
-    sample_grid,
-    sample_latents,
-    sample_npz,
-)
+import importlib
 
-__all__ = [
-    "DEFAULT_VAE", "IMAGENET_DEMO_LABELS", "add_commands", "as_objective", "decode", "default_classes",
-    "guided_model_fn", "has_null_class", "load_decoder", "load_model", "run", "sample_grid", "sample_latents",
-    "sample_npz", "save_grid", "save_npz", "to_images", "to_uint8", "vae_source",
-]
+# Torch-free, and imported here so that `dit_trainer.sample.decode` is the function, not the module.
+from dit_trainer.sample.decode import DEFAULT_VAE, decode, load_decoder, to_images, vae_source
+from dit_trainer.sample.loading import load_model
+
+_LAZY = {
+    "add_commands": "cli", "run": "cli",
+    "save_grid": "images", "save_npz": "images", "to_uint8": "images",
+    "IMAGENET_DEMO_LABELS": "sampling", "as_objective": "sampling", "default_classes": "sampling",
+    "guided_model_fn": "sampling", "has_null_class": "sampling", "sample_grid": "sampling",
+    "sample_latents": "sampling", "sample_npz": "sampling",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"dit_trainer.sample.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'dit_trainer.sample' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+
+__all__ = sorted([*_LAZY, "DEFAULT_VAE", "decode", "load_decoder", "to_images", "vae_source", "load_model"])

@@ -1,12 +1,11 @@
 """`dit sample`: a PNG grid or an ADM `.npz` batch from a checkpoint."""
 
-from dit_trainer.class_names import dataset_class_names, resolve_labels
-from dit_trainer.devices import resolve_device
+import math
+
 from dit_trainer.errors import ConfigError
-from dit_trainer.sample.decode import DEFAULT_VAE, _no_vae_error, load_decoder, to_images
-from dit_trainer.sample.images import save_grid
-from dit_trainer.sample.loading import load_model
-from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, as_objective, default_classes, sample_latents, sample_npz
+from dit_trainer.sample.decode import DEFAULT_VAE
+
+# Registering the command must not import torch (`dit --help` stays fast): `run` imports the rest.
 
 
 def add_commands(subparsers) -> None:
@@ -24,7 +23,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--per-class", type=int, default=1, help="samples per label in the grid, one row per label")
     p.add_argument("--nrow", type=int, default=None, help="images per grid row")
     p.add_argument("--npz", default=None, help="write an ADM-style .npz batch (arr_0 uint8 N×H×W×3) for FID")
-    p.add_argument("--num-samples", type=int, default=50000, help="samples in the .npz (default 50000)")
+    p.add_argument("--num-samples", type=int, default=50000, help="samples in the .npz")
     p.add_argument("--batch-size", type=int, default=32, help="samples per forward batch for --npz")
     add_sampling_arguments(p)
     p.set_defaults(func=run)
@@ -32,18 +31,18 @@ def add_commands(subparsers) -> None:
 
 def add_sampling_arguments(p) -> None:
     """The flags `dit sample` and `dit sample-ddp` share: checkpoint reading, guidance, sampler."""
-    p.add_argument("--cfg-scale", type=float, default=4.0, help="guidance scale; 1 disables guidance (default 4)")
+    p.add_argument("--cfg-scale", type=float, default=4.0, help="guidance scale, >= 1; 1 disables guidance")
     p.add_argument("--cfg-channels", type=int, default=None, help="guide only the first N channels (the release's FIDs used 3)")
     p.add_argument("--sampler", choices=("ddpm", "ddim", "ode", "sde"), default=None,
                    help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", "--num-sampling-steps", type=int, default=None,
                    help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     p.add_argument("--model", default=None, help="model name for a weights file, e.g. DiT-XL/2")
     p.add_argument("--image-size", type=int, default=None, help="pixel size for a weights file (256 or 512)")
-    p.add_argument("--num-classes", type=int, default=1000, help="classes of a weights file (default 1000)")
+    p.add_argument("--num-classes", type=int, default=1000, help="classes of a weights file")
     p.add_argument("--vae", default=None, help=f"VAE id or folder, overriding the recorded one (weights files: {DEFAULT_VAE})")
-    p.add_argument("--vae-dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--vae-dtype", choices=("fp32", "bf16"), default="fp32", help="VAE compute dtype")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -51,12 +50,12 @@ def add_sampling_arguments(p) -> None:
     t.add_argument("--ode-method", default=None, help="torchdiffeq method: euler, midpoint, rk4, dopri5, heun3, ...")
     t.add_argument("--atol", type=float, default=None, help="ODE absolute tolerance (adaptive methods)")
     t.add_argument("--rtol", type=float, default=None, help="ODE relative tolerance (adaptive methods)")
-    t.add_argument("--sde-method", choices=("Euler", "Heun"), default=None)
-    t.add_argument("--sde-diffusion-form", default=None,
+    t.add_argument("--sde-method", choices=("Euler", "Heun"), default=None, help="SDE integrator")
+    t.add_argument("--sde-diffusion-form", default=None, help="SDE diffusion coefficient",
                    choices=("sigma", "constant", "SBDM", "linear", "decreasing", "increasing-decreasing"))
-    t.add_argument("--sde-diffusion-norm", type=float, default=None)
-    t.add_argument("--sde-last-step", default=None, choices=("Mean", "Tweedie", "Euler", "None"))
-    t.add_argument("--sde-last-step-size", type=float, default=None)
+    t.add_argument("--sde-diffusion-norm", type=float, default=None, help="scale of the SDE diffusion coefficient")
+    t.add_argument("--sde-last-step", default=None, choices=("Mean", "Tweedie", "Euler", "None"), help="SDE last step")
+    t.add_argument("--sde-last-step-size", type=float, default=None, help="size of the SDE last step")
     t.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
                    help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
 
@@ -80,10 +79,37 @@ def sampler_options(args, sampler) -> dict:
     return given
 
 
+def check_args(args) -> None:
+    """One-line errors for values no sampling can use (checked before the model loads)."""
+    if not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale):
+        raise ConfigError(f"--cfg-scale is {args.cfg_scale}; it must be a number >= 1 (1 disables guidance)")
+    for flag in ("--per-class", "--steps", "--num-samples", "--batch-size", "--cfg-channels", "--nrow", "--image-size",
+                 "--num-classes"):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} is {value}; it must be 1 or more")
+
+
+def check_cfg_channels(args, model) -> None:
+    """--cfg-channels beyond the model's channels is a one-line error."""
+    if args.cfg_channels is not None and args.cfg_channels > model.in_channels:
+        raise ConfigError(f"--cfg-channels {args.cfg_channels} exceeds the model's {model.in_channels} channels; "
+                          f"pass 1..{model.in_channels} or leave it out (all channels)")
+
+
 def run(args) -> int:
     """Load the checkpoint, sample, and write the grid and/or the .npz."""
-    device = resolve_device(args.device)
+    from dit_trainer.class_names import dataset_class_names, resolve_labels
+    from dit_trainer.devices import resolve_device
+    from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
+    from dit_trainer.sample.images import save_grid
+    from dit_trainer.sample.loading import load_model
+    from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, as_objective, default_classes, sample_latents, sample_npz
+
+    check_args(args)
+    device = resolve_device(args.device, "--device")
     model, cfg = load_model(args.ckpt, args.model, args.image_size, args.num_classes, prefer_ema=args.weights == "ema")
+    check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
     # The release's sampler (DDPM for diffusion) unless one is named.
@@ -107,7 +133,7 @@ def run(args) -> int:
     if args.out or not args.npz:
         if labels is None:
             labels = IMAGENET_DEMO_LABELS if num_classes == 1000 else default_classes(num_classes)
-        per_class = max(1, args.per_class)
+        per_class = args.per_class
         grid_labels = [c for c in labels for _ in range(per_class)]
         samples = sample_latents(model, objective, grid_labels, seed=args.seed, progress=not args.no_progress, **common)
         nrow = args.nrow or (per_class if per_class > 1 else min(len(grid_labels), 8))

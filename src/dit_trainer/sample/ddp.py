@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from dit_trainer.errors import ConfigError
+
+# Registering the command must not import torch (`dit --help` stays fast): `run` imports it.
 
 CHUNK_FMT = "chunk-{:06d}.npz"
 
@@ -52,6 +53,7 @@ def chunk_seed(seed: int, chunk: int) -> int:
 
 
 def _dist():
+    import torch
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
@@ -70,23 +72,24 @@ def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
 
 def run(args) -> int:
     """Sample this rank's missing chunks, then (rank 0) assemble the .npz and a preview PNG."""
+    import torch
     from tqdm.auto import tqdm
 
     from dit_trainer.devices import resolve_device
-    from dit_trainer.sample.cli import sampler_options
+    from dit_trainer.sample.cli import check_args, check_cfg_channels, sampler_options
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid, save_npz, to_uint8
     from dit_trainer.sample.loading import load_model
     from dit_trainer.sample.sampling import as_objective, sample_latents
 
-    if args.num_samples < 1 or args.batch_size < 1:
-        raise ConfigError(f"--num-samples {args.num_samples} and --batch-size {args.batch_size} must be positive")
+    check_args(args)
     rank, world, barrier = _dist()
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     model, cfg = load_model(args.ckpt, args.model, args.image_size, args.num_classes, prefer_ema=args.weights == "ema")
+    check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
     sampler = objective.check_sampler(args.sampler or objective.samplers[0])

@@ -9,7 +9,7 @@ from dit_trainer.sample.decode import DEFAULT_VAE
 def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_ema=True):
     """(eval-mode model, Config) from a checkpoint dir with config.yaml, a run dir, or an original DiT file."""
     from dit_trainer.checkpoint import latest_checkpoint, load_into, load_weights
-    from dit_trainer.config import Config, load_config
+    from dit_trainer.config import Config, load_config, validate
     from dit_trainer.models import get_spec
 
     path = Path(ckpt)
@@ -23,7 +23,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         path = latest
     if path.is_dir():
         cfg = load_config(str(path / "config.yaml"))
-        if model_name and model_name != cfg.model.name:
+        if model_name and get_spec(model_name).name != get_spec(cfg.model.name).name:
             raise ConfigError(f"--model {model_name} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
     else:
         if not model_name:
@@ -34,6 +34,10 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         cfg = Config()
         cfg.model.name, cfg.model.input_size, cfg.model.num_classes = model_name, size // 8, int(num_classes)
         cfg.data.image_size, cfg.data.vae = size, DEFAULT_VAE
+        try:
+            validate(cfg)
+        except ConfigError as err:
+            raise ConfigError(f"--model {model_name} --image-size {size}: {err}") from None
     spec = get_spec(cfg.model.name)
     model = spec.build_model_fn(cfg)
     load_into(model, spec.from_released(load_weights(path, prefer_ema=prefer_ema)), path)

@@ -7,6 +7,7 @@ from tqdm.auto import tqdm
 
 from dit_trainer.config import save_config
 from dit_trainer.train.metrics import MetricsLogger
+from dit_trainer.train.mfu import mfu_meter, peak_memory_gb
 
 
 def run(trainer) -> dict:
@@ -23,7 +24,9 @@ def run(trainer) -> dict:
         return {}
     if main:
         _check_writable(cfg.output_dir)
-    logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main)
+    wandb = {"project": cfg.logging.wandb_project, "config": cfg.to_dict()} if cfg.logging.wandb else None
+    logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main, wandb=wandb)
+    mfu = mfu_meter(trainer)
     if main:
         save_config(cfg, _mkdir(cfg.output_dir) / "config.yaml")
         # Also without a checkpoint: a run killed before its first save logged steps that will be redone.
@@ -48,21 +51,26 @@ def run(trainer) -> dict:
                 "lr": out["lr"],
                 "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
                 "s_per_step": elapsed / max(steps, 1),
-                "peak_mem_gb": _peak_memory_gb(trainer.device),
+                "peak_mem_gb": peak_memory_gb(trainer.device),
             }
             if "grad_norm" in out:
                 last["grad_norm"] = out["grad_norm"]
             if trainer.skipped_steps:
                 last["skipped_steps"] = trainer.skipped_steps
+            if mfu is not None:
+                last.update(mfu(last["img_per_s"]))
             logger.log(trainer.step, last)
             if main:
                 # tqdm.write keeps the bar intact; without a bar this is a plain log line.
+                extra = f"  mfu {last['mfu']:.1%}" if "mfu" in last else ""
                 tqdm.write(f"step {trainer.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
-                           f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB")
+                           f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB{extra}")
             running, n_running, t0, step0 = 0.0, 0, time.perf_counter(), trainer.step
         # Sharded EMA weights are gathered by every rank, so all of them call in.
         if cfg.logging.image_steps and trainer.step % cfg.logging.image_steps == 0:
-            trainer.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{trainer.step:08d}.png")
+            grid = trainer.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{trainer.step:08d}.png")
+            if grid is not None:
+                logger.log_image(trainer.step, "samples", grid)
         if trainer.step % cfg.checkpoint.save_steps == 0 or trainer.step == cfg.train.max_steps or trainer.stop_requested:
             trainer.save_checkpoint()
         if trainer.stop_requested:
@@ -97,12 +105,3 @@ def _check_writable(output_dir) -> None:
     except OSError as err:
         raise CheckpointError(f"output_dir {output_dir} is not writable ({err.strerror or err}); "
                               "pick another output_dir or fix its permissions") from None
-
-
-def _peak_memory_gb(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    # ru_maxrss is in KiB on Linux: the process's peak resident memory.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

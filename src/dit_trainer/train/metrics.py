@@ -1,4 +1,5 @@
-"""Where training numbers go: console, `metrics.jsonl`, and TensorBoard when installed."""
+"""Where training numbers go: console, `metrics.jsonl`, TensorBoard when installed, and
+Weights & Biases when asked (`logging.wandb`)."""
 
 import json
 import warnings
@@ -8,13 +9,19 @@ from pathlib import Path
 class MetricsLogger:
     """Writes one JSON object per logged step; only the main process should own one."""
 
-    def __init__(self, output_dir, tensorboard=True, enabled=True):
+    def __init__(self, output_dir, tensorboard=True, enabled=True, wandb=None):
+        """`wandb`: None, or the keyword arguments of `WandbSink` (project, config)."""
         self.enabled = enabled
         self.path = Path(output_dir) / "metrics.jsonl"
         self._tb = None
+        self._wandb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if wandb is not None:
+            from dit_trainer.train.wandb_sink import WandbSink
+
+            self._wandb = WandbSink(output_dir, **wandb)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -35,6 +42,22 @@ class MetricsLogger:
                 if isinstance(v, (int, float)):
                     self._tb.add_scalar(f"train/{k}", v, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(step, values)
+
+    def log_image(self, step: int, tag: str, path) -> None:
+        """A sample grid (PNG at `path`) beside the scalars, in TensorBoard and W&B."""
+        if not self.enabled:
+            return
+        if self._tb is not None:
+            import numpy as np
+            from PIL import Image
+
+            with Image.open(path) as im:
+                self._tb.add_image(tag, np.asarray(im.convert("RGB")), step, dataformats="HWC")
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log_image(step, tag, path)
 
     def truncate_after(self, step: int) -> None:
         """Drop records past `step`, so a resumed run does not log steps twice."""
@@ -48,6 +71,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 def _records(path) -> list[dict]:

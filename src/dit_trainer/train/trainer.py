@@ -15,7 +15,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from dit_trainer.config import as_config
+from dit_trainer.config import as_config, validate
 from dit_trainer.devices import resolve_device
 from dit_trainer.errors import ConfigError, DivergenceError
 from dit_trainer.models import get_spec
@@ -50,6 +50,13 @@ class DiTTrainer:
 
     def __init__(self, config, dataset=None):
         self.cfg = cfg = as_config(config)
+        if dataset is None and cfg.data.path is not None:
+            from dit_trainer.data.loader import shape_from_data
+
+            # The data decides the model's shape where the config does not: open it before the model.
+            dataset = shape_from_data(cfg)
+        else:
+            validate(cfg)
         self.device = resolve_device(cfg.train.device)
         self.dims = init_distributed(cfg.parallel, self.device)
         if self.device.type == "cuda" and self.dims.distributed:
@@ -65,6 +72,8 @@ class DiTTrainer:
 
             load_into(model, self.spec.from_released(load_weights(cfg.model.weights_path)), cfg.model.weights_path)
         model.to(self.device)
+        # Counted on the whole model, before parallelism splits its weights.
+        self.flops_per_image = self.spec.flops_fn(model) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.objective = build_objective(cfg)
         self._pp = None
@@ -370,16 +379,28 @@ class DiTTrainer:
         return StepLoader(dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
 
     def maybe_resume(self):
-        """Load the newest usable checkpoint of `output_dir` when resuming is on; returns its path or None.
+        """Load `checkpoint.resume_from`, else the newest usable checkpoint of `output_dir` when
+        resuming is on; returns its path or None.
 
         With resuming off, an earlier run in `output_dir` is refused, archived or overwritten
-        (`checkpoint.on_existing`).
+        (`checkpoint.on_existing`). A checkpoint of another model is refused with a one-line error.
         """
-        from dit_trainer.train import resume
+        from dit_trainer.checkpoint import latest_checkpoint
+        from dit_trainer.train import resume, resume_checks
 
-        if not self.cfg.checkpoint.resume:
+        cfg = self.cfg
+        if cfg.checkpoint.resume_from:
+            path = resume_checks.resolve_resume_from(cfg)
+            resume_checks.check_same_model(cfg, path)
+            self.load_checkpoint(path)
+            resume.apply_config_changes(self, path)
+            return path
+        if not cfg.checkpoint.resume:
             resume.prepare_fresh_start(self)
             return None
+        latest = latest_checkpoint(cfg.output_dir)
+        if latest is not None:
+            resume_checks.check_same_model(cfg, latest)
         return resume.resume_latest(self)
 
     def train(self) -> dict:

@@ -1,19 +1,44 @@
 """Interpolant transport (flow matching) as in SiT (Ma et al., 2024): paths, losses, samplers.
 
 `create_transport(...)` and `Sampler(transport)` follow the API of willisma/SiT's `transport`
-package; the loss takes t and the noise as arguments instead of drawing them.
+package; the loss takes t and the noise as arguments instead of drawing them. Names load on first
+use, so reading the config's `transport:` section (`transport.config`) does not import torch.
 """
 
-from dit_trainer.transport.config import TransportConfig
-from dit_trainer.transport.guidance import cfg_model_fn
-from dit_trainer.transport.path import PATHS, GVPPath, LinearPath, VPPath, expand_t_like_x
-from dit_trainer.transport.sampler import DIFFUSION_FORMS, LAST_STEPS, Sampler, bits_per_dim
-from dit_trainer.transport.timesteps import T_SAMPLERS, sample_logit_normal_t, sample_t, sample_uniform_t
-from dit_trainer.transport.transport import LOSS_WEIGHTS, PREDICTIONS, Transport, create_transport, mean_flat
+import importlib
 
-__all__ = [
-    "create_transport", "Transport", "Sampler", "TransportConfig", "cfg_model_fn",
-    "LinearPath", "GVPPath", "VPPath", "PATHS", "PREDICTIONS", "LOSS_WEIGHTS", "DIFFUSION_FORMS", "LAST_STEPS",
-    "T_SAMPLERS", "sample_t", "sample_uniform_t", "sample_logit_normal_t", "bits_per_dim", "mean_flat",
-    "expand_t_like_x",
-]
+_LAZY = {
+    "TransportConfig": "dit_trainer.transport.config",
+    "cfg_model_fn": "dit_trainer.transport.guidance",
+    "PATHS": "dit_trainer.transport.path",
+    "GVPPath": "dit_trainer.transport.path",
+    "LinearPath": "dit_trainer.transport.path",
+    "VPPath": "dit_trainer.transport.path",
+    "expand_t_like_x": "dit_trainer.transport.path",
+    "DIFFUSION_FORMS": "dit_trainer.transport.sampler",
+    "LAST_STEPS": "dit_trainer.transport.sampler",
+    "Sampler": "dit_trainer.transport.sampler",
+    "bits_per_dim": "dit_trainer.transport.sampler",
+    "T_SAMPLERS": "dit_trainer.transport.timesteps",
+    "sample_logit_normal_t": "dit_trainer.transport.timesteps",
+    "sample_t": "dit_trainer.transport.timesteps",
+    "sample_uniform_t": "dit_trainer.transport.timesteps",
+    "LOSS_WEIGHTS": "dit_trainer.transport.transport",
+    "PREDICTIONS": "dit_trainer.transport.transport",
+    "Transport": "dit_trainer.transport.transport",
+    "create_transport": "dit_trainer.transport.transport",
+    "mean_flat": "dit_trainer.transport.transport",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dit_trainer.transport' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+
+__all__ = sorted(_LAZY)

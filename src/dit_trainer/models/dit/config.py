@@ -1,18 +1,51 @@
 """The DiT family's own model options (nanoGPT's `GPTConfig` is the model for this)."""
 
+import re
 from dataclasses import dataclass
 from typing import Optional
+
+from dit_trainer.errors import ConfigError
+
+# depth, hidden size, heads of each named size (the paper's Table 1).
+SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+_NAME = re.compile(r"-(XL|L|B|S)/(\d+)$")
 
 
 @dataclass
 class DiTConfig:
     """Size overrides of a named DiT; None keeps the paper's value for that name (e.g. DiT-S/2)."""
 
-    depth: Optional[int] = None
-    hidden_size: Optional[int] = None
-    num_heads: Optional[int] = None
-    mlp_ratio: Optional[float] = None
-    # The timestep convention the weights were trained under: 0 / 1e-6 is the release's; an import
-    # from diffusers records 1 / 1e-5 (its Timesteps(downscale_freq_shift=1) and norm_eps).
-    timestep_freq_shift: Optional[int] = None
-    mlp_norm_eps: Optional[float] = None
+    depth: Optional[int] = None  # transformer blocks (default: the named size's)
+    hidden_size: Optional[int] = None  # token width (default: the named size's)
+    num_heads: Optional[int] = None  # attention heads, must divide hidden_size (default: the named size's)
+    mlp_ratio: Optional[float] = None  # MLP width / hidden_size (default: 4)
+    # The timestep convention the weights were trained under: None keeps the release's (0, 1e-6);
+    # an import from diffusers records 1 and 1e-5 (its Timesteps(downscale_freq_shift=1), norm_eps).
+    timestep_freq_shift: Optional[int] = None  # 1: timestep frequencies over half - 1 (diffusers' DiT)
+    mlp_norm_eps: Optional[float] = None  # eps of the LayerNorm before each MLP (diffusers' DiT: 1e-5)
+
+    def check(self, name: str, model) -> None:
+        """One-line ConfigError for sizes the model `name` cannot be built with (input size from `model`)."""
+        for key in ("depth", "hidden_size", "num_heads", "mlp_ratio"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"model.{key} is {value!r}; it must be a positive number")
+        match = _NAME.search(str(name))
+        if match is None:  # a name registered by another family on this backbone: sizes unknown
+            return
+        depth, hidden, heads = SIZES[match.group(1)]
+        patch = int(match.group(2))
+        hidden = self.hidden_size or hidden
+        heads = self.num_heads or heads
+        if hidden % heads:
+            near = sorted(sorted((d for d in range(1, hidden + 1) if hidden % d == 0), key=lambda d: abs(d - heads))[:3])
+            raise ConfigError(
+                f"model.num_heads {heads} does not divide model.hidden_size {hidden} of {name}; "
+                f"use {', '.join(map(str, near))} heads or another hidden_size"
+            )
+        size = getattr(model, "input_size", None)
+        if size is not None and size % patch:
+            raise ConfigError(
+                f"model.input_size {size} is not divisible by the patch size {patch} of {name}; use an input size "
+                f"that is a multiple of {patch} (image size / 8 for VAE latents) or a model with a smaller patch"
+            )

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, timestep_embedding
+from dit_trainer.models.dit.config import SIZES
 
 
 def modulate(x, shift, scale):
@@ -214,7 +215,7 @@ class DiT(nn.Module):
         return torch.cat([eps, rest], dim=1)
 
 
-_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+_SIZES = SIZES
 
 
 def _constructor(size, patch):

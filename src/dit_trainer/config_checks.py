@@ -1,0 +1,93 @@
+"""The allowed values of each config key, checked when a config is built.
+
+A value outside its range would otherwise surface minutes later as a ZeroDivisionError, an EMA
+that explodes or an all-black sample grid; here it is one line naming the key, the value and
+what is allowed. The model family's own options are checked by the family (see models/spec.py).
+"""
+
+import math
+
+from dit_trainer.errors import ConfigError
+
+# (key, test, what is allowed). Tests are written so that NaN fails them.
+_RANGES = (
+    ("model.input_size", lambda v: v > 0, "a positive integer"),
+    ("model.in_channels", lambda v: v > 0, "a positive integer"),
+    ("model.num_classes", lambda v: v > 0, "a positive integer"),
+    ("model.class_dropout_prob", lambda v: 0 <= v < 1, "a probability in [0, 1)"),
+    ("diffusion.num_timesteps", lambda v: v > 0, "a positive integer"),
+    ("data.num_workers", lambda v: v >= 0, "0 or more"),
+    ("data.image_size", lambda v: v > 0, "a positive integer"),
+    ("data.digits_size", lambda v: v > 0, "a positive integer"),
+    ("data.scaling_factor", lambda v: v > 0 and math.isfinite(v), "a positive number"),
+    ("optim.lr", lambda v: v > 0 and math.isfinite(v), "a positive number such as 1e-4"),
+    ("optim.weight_decay", lambda v: v >= 0 and math.isfinite(v), "0 or more"),
+    ("optim.beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("optim.beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("optim.eps", lambda v: v > 0 and math.isfinite(v), "a positive number such as 1e-8"),
+    ("optim.warmup_steps", lambda v: v >= 0, "0 or more"),
+    ("optim.max_grad_norm", lambda v: v >= 0 and math.isfinite(v), "0 (no clipping) or more"),
+    ("train.max_steps", lambda v: v >= 0, "0 or more"),
+    ("train.global_batch_size", lambda v: v > 0, "a positive integer"),
+    ("train.grad_accum_steps", lambda v: v > 0, "a positive integer"),
+    ("train.seed", lambda v: v >= 0, "0 or more"),
+    ("train.ema_decay", lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.9999"),
+    ("checkpoint.save_steps", lambda v: v > 0, "a positive integer"),
+    ("checkpoint.save_total_limit", lambda v: v >= 0, "0 (keep all) or more"),
+    ("logging.log_steps", lambda v: v > 0, "a positive integer"),
+    ("logging.image_steps", lambda v: v >= 0, "0 (no grids) or more"),
+    ("logging.sample_steps", lambda v: v > 0, "a positive integer"),
+    ("logging.sample_cfg_scale", lambda v: v >= 1, "1 (no guidance) or more"),
+    ("logging.samples_per_class", lambda v: v > 0, "a positive integer"),
+    ("logging.peak_tflops", lambda v: v >= 0 and math.isfinite(v), "0 (measure it) or more"),
+    ("parallel.dp_replicate", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
+    ("parallel.dp_shard", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
+    ("parallel.tp", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
+    ("parallel.pp", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
+    ("parallel.pp_microbatches", lambda v: v > 0, "a positive integer"),
+)
+
+_NAMES = {
+    "diffusion.noise_schedule": ("linear", "cosine", "sigmoid"),
+    "diffusion.timestep_sampler": ("uniform", "loss-second-moment"),
+    "train.mixed_precision": ("bf16", "fp16", "fp32"),
+    "train.activation_checkpointing": ("none", "full", "selective"),
+    "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
+    "parallel.backend": ("auto", "nccl", "gloo"),
+}
+
+# Names the code accepts besides the documented ones (diffusers' name of the cosine schedule).
+_ALIASES = {"diffusion.noise_schedule": ("squaredcos_cap_v2",)}
+
+
+def _get(cfg, key):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def check_device_name(name: str, key: str) -> None:
+    """`auto`, `cpu`, `cuda` or `cuda:N`; whether CUDA is there is checked when the device is resolved."""
+    base, _, index = str(name).partition(":")
+    if base not in ("auto", "cpu", "cuda", "mps") or (index and (base != "cuda" or not index.isdigit())):
+        raise ConfigError(f"{key} {name!r} is not a device; use auto, cpu, cuda or cuda:N")
+
+
+def check_values(cfg) -> None:
+    """Raise a one-line ConfigError for the first value outside what its key allows."""
+    for key, ok, allowed in _RANGES:
+        value = _get(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key} is {value!r}; it must be {allowed}")
+    for key, names in _NAMES.items():
+        value = _get(cfg, key)
+        if value not in names and value not in _ALIASES.get(key, ()):
+            raise ConfigError(f"{key} {value!r} is not one of {'|'.join(names)}")
+    from dit_trainer.objective import list_objectives
+
+    if cfg.objective not in list_objectives():
+        raise ConfigError(f"objective {cfg.objective!r} is not one of {'|'.join(list_objectives())}")
+    check_device_name(cfg.train.device, "train.device")
+    classes = cfg.logging.sample_classes
+    if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
+        raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")
