@@ -128,6 +128,7 @@ class ParallelConfig:
 class Config:
     output_dir: str = "outputs/run"
     objective: str = "diffusion"  # diffusion | transport: what the model learns and how it samples
+    backend: str = "torch"  # torch | mindspore (the `mindspore` extra; DiT with the diffusion objective)
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -10,6 +10,8 @@ release, so its checkpoints load with `strict=True`.
 import torch
 import torch.nn as nn
 
+from dit_trainer.models.dit.sizes import PATCHES
+from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, timestep_embedding
 
 
@@ -209,9 +211,6 @@ class DiT(nn.Module):
         return torch.cat([eps, rest], dim=1)
 
 
-_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
-
-
 def _constructor(size, patch):
     depth, hidden, heads = _SIZES[size]
 
@@ -225,7 +224,7 @@ def _constructor(size, patch):
     return build
 
 
-DiT_models = {f"DiT-{size}/{patch}": _constructor(size, patch) for size in _SIZES for patch in (2, 4, 8)}
+DiT_models = {f"DiT-{size}/{patch}": _constructor(size, patch) for size in _SIZES for patch in PATCHES}
 DiT_XL_2, DiT_XL_4, DiT_XL_8 = (DiT_models[f"DiT-XL/{p}"] for p in (2, 4, 8))
 DiT_L_2, DiT_L_4, DiT_L_8 = (DiT_models[f"DiT-L/{p}"] for p in (2, 4, 8))
 DiT_B_2, DiT_B_4, DiT_B_8 = (DiT_models[f"DiT-B/{p}"] for p in (2, 4, 8))

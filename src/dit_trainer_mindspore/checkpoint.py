@@ -1,0 +1,80 @@
+"""MindSpore `.ckpt` files: weights (what `dit convert` writes) and full training state.
+
+A training checkpoint holds the model under its own names, the EMA as `ema.<name>`, AdamW's
+moments as `adamw.exp_avg.<name>` and `adamw.exp_avg_sq.<name>` and the
+step in `append_dict`: with the (seed, step)-keyed draws that is all an exact resume needs.
+"""
+
+import glob
+import os
+
+import mindspore as ms
+from mindspore import Tensor
+
+from dit_trainer.errors import CheckpointError
+
+
+def save_weights(named: dict, path) -> str:
+    """Write {name: numpy array or Tensor} as a .ckpt; returns the path."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ms.save_checkpoint([{"name": k, "data": Tensor(v) if not isinstance(v, Tensor) else v} for k, v in named.items()],
+                       str(path))
+    return str(path)
+
+
+def read_weights(path) -> dict:
+    """{name: numpy array} of a .ckpt; CheckpointError if it cannot be read."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} does not exist; pass a .ckpt written by `dit convert` or training")
+    try:
+        params = ms.load_checkpoint(str(path))
+    except (ValueError, RuntimeError, OSError) as err:
+        raise CheckpointError(f"cannot read {path} as a MindSpore checkpoint ({str(err).splitlines()[0]})") from None
+    return {k: v.asnumpy() for k, v in params.items() if hasattr(v, "asnumpy")}
+
+
+def load_weights(model, path) -> None:
+    """Load a weights .ckpt (model names) into `model`, strictly: every name, every shape."""
+    weights = read_weights(path)
+    own = dict(model.parameters_and_names())
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit this model: missing {missing[:3]}, unexpected {unexpected[:3]}; "
+                              f"check model.name and the size options")
+    for name, p in own.items():
+        if tuple(weights[name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{path}: {name} is {weights[name].shape}, the model wants {p.shape}")
+        p.set_data(Tensor(weights[name]))
+
+
+def save_state(engine, path) -> str:
+    """Model, EMA, optimizer state and step of `engine` in one .ckpt (written then renamed)."""
+    entries = [{"name": n, "data": p.value()} for n, p in engine.model.parameters_and_names()]
+    entries += [{"name": f"ema.{n}", "data": v} for n, v in engine.ema.items()]
+    entries += [{"name": k, "data": v} for k, v in engine.optimizer.state().items()]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    ms.save_checkpoint(entries, tmp, append_dict={"step": int(engine.step)})
+    os.replace(tmp, path)
+    return str(path)
+
+
+def load_state(engine, path) -> None:
+    """Restore what `save_state` wrote into `engine`."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} does not exist; pass a .ckpt written by MindSporeEngine.save_checkpoint")
+    saved = ms.load_checkpoint(str(path))
+    if "step" not in saved:
+        raise CheckpointError(f"{path} has no step; it is a weights file, set model.weights_path to it instead")
+    for n, p in engine.model.parameters_and_names():
+        p.set_data(Tensor(saved[n].asnumpy()))
+    engine.ema = {n[4:]: Tensor(v.asnumpy()) for n, v in saved.items() if n.startswith("ema.")}
+    step = saved["step"]
+    engine.step = int(step.asnumpy()) if hasattr(step, "asnumpy") else int(step)
+    engine.optimizer.load_state(saved, engine.step)
+
+
+def latest(output_dir):
+    """The newest `step-XXXXXXXX.ckpt` in `output_dir/checkpoints`, or None."""
+    files = sorted(glob.glob(os.path.join(output_dir, "checkpoints", "step-*.ckpt")))
+    return files[-1] if files else None
