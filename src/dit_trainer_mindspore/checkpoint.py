@@ -1,7 +1,7 @@
 """MindSpore `.ckpt` files: weights (what `dit convert` writes) and full training state.
 
 A training checkpoint holds the model under its own names, the EMA as `ema.<name>`, AdamW's
-moments as `adamw.exp_avg.<name>` and `adamw.exp_avg_sq.<name>` and the
+moments as `adamw.exp_avg.<name>` and `adamw.exp_avg_sq.<name>`, and the
 step in `append_dict`: with the (seed, step)-keyed draws that is all an exact resume needs.
 """
 
@@ -16,6 +16,8 @@ from dit_trainer.errors import CheckpointError
 
 def save_weights(named: dict, path) -> str:
     """Write {name: numpy array or Tensor} as a .ckpt; returns the path."""
+    if not str(path).endswith(".ckpt"):
+        raise CheckpointError(f"{path}: a MindSpore checkpoint must end in .ckpt; name it {path}.ckpt")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ms.save_checkpoint([{"name": k, "data": Tensor(v) if not isinstance(v, Tensor) else v} for k, v in named.items()],
                        str(path))
@@ -48,12 +50,13 @@ def load_weights(model, path) -> None:
 
 
 def save_state(engine, path) -> str:
-    """Model, EMA, optimizer state and step of `engine` in one .ckpt (written then renamed)."""
-    entries = [{"name": n, "data": p.value()} for n, p in engine.model.parameters_and_names()]
-    entries += [{"name": f"ema.{n}", "data": v} for n, v in engine.ema.items()]
-    entries += [{"name": k, "data": v} for k, v in engine.optimizer.state().items()]
+    """Model, EMA, AdamW moments and step of `engine` in one .ckpt (written then renamed)."""
+    params = list(engine.all_params) + list(engine.ema) + list(engine.exp_avg) + list(engine.exp_avg_sq)
+    entries = [{"name": p.name, "data": p.value()} for p in params]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
+    # A hidden name that still ends in .ckpt (MindSpore appends the suffix otherwise) and that
+    # latest() does not match, so an interrupted write never looks like a checkpoint.
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), "." + os.path.basename(path))
     ms.save_checkpoint(entries, tmp, append_dict={"step": int(engine.step)})
     os.replace(tmp, path)
     return str(path)
@@ -66,12 +69,14 @@ def load_state(engine, path) -> None:
     saved = ms.load_checkpoint(str(path))
     if "step" not in saved:
         raise CheckpointError(f"{path} has no step; it is a weights file, set model.weights_path to it instead")
-    for n, p in engine.model.parameters_and_names():
-        p.set_data(Tensor(saved[n].asnumpy()))
-    engine.ema = {n[4:]: Tensor(v.asnumpy()) for n, v in saved.items() if n.startswith("ema.")}
+    params = list(engine.all_params) + list(engine.ema) + list(engine.exp_avg) + list(engine.exp_avg_sq)
+    missing = [p.name for p in params if p.name not in saved]
+    if missing:
+        raise CheckpointError(f"{path} lacks {missing[:3]}; it was written for another model or config")
+    for p in params:
+        p.set_data(Tensor(saved[p.name].asnumpy()))
     step = saved["step"]
     engine.step = int(step.asnumpy()) if hasattr(step, "asnumpy") else int(step)
-    engine.optimizer.load_state(saved, engine.step)
 
 
 def latest(output_dir):

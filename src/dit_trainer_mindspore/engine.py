@@ -9,21 +9,22 @@ import os
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from dit_trainer.errors import ConfigError
 from dit_trainer_mindspore import checkpoint as ckpt
 from dit_trainer_mindspore.core import as_config, model_kwargs
 from dit_trainer_mindspore.diffusion import GaussianDiffusion
 from dit_trainer_mindspore.model import DiT
-from dit_trainer_mindspore.optim import AdamW
+from dit_trainer_mindspore.optim import adamw_update, ema_update, zeros_like_params
 
 
 class MindSporeEngine:
     """Model, diffusion, optimizer and EMA of one MindSpore training run (one process or msrun DP)."""
 
-    def __init__(self, config, jit=False):
+    def __init__(self, config, jit=None):
         self.cfg = cfg = as_config(config)
+        jit = cfg.train.compile if jit is None else jit
         if cfg.objective != "diffusion":
             raise ConfigError(f"objective {cfg.objective!r} is not supported with backend mindspore; use diffusion")
         if cfg.train.mixed_precision == "fp16" or cfg.train.grad_accum_steps != 1:
@@ -35,17 +36,19 @@ class MindSporeEngine:
         if cfg.model.weights_path:
             ckpt.load_weights(self.model, cfg.model.weights_path)
         self.diffusion = GaussianDiffusion.from_config(cfg)
-        self.params = self.model.trainable_params()
-        o = cfg.optim
-        self.optimizer = AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                             weight_decay=o.weight_decay)
-        self.ema = {p.name: Tensor(p.asnumpy()) for p in self.model.get_parameters()}
+        self.params = ParameterTuple(self.model.trainable_params())
+        self.all_params = ParameterTuple(self.model.get_parameters())
+        self.exp_avg = zeros_like_params(self.params, "adamw.exp_avg")
+        self.exp_avg_sq = zeros_like_params(self.params, "adamw.exp_avg_sq")
+        self.ema = ParameterTuple(Parameter(Tensor(p.asnumpy()), name=f"ema.{p.name}", requires_grad=False)
+                                  for p in self.all_params)
         self.step = 0
         self.grad_reducer = _grad_reducer(self.params)
         self._grad_fn = ms.value_and_grad(self._loss, None, self.params)
-        self._jit = jit
-        if jit:
-            self._grad_fn = ms.jit(self._grad_fn)
+        self.jit = jit
+        # train.compile: graph mode, forward, backward, AdamW and EMA compiled into one graph
+        # (bit-identical to PyNative; the first step pays the compile).
+        self._step_fn = ms.jit(self._step) if jit else self._step
 
     # -- one step ------------------------------------------------------------------------
 
@@ -63,38 +66,52 @@ class MindSporeEngine:
         out = self.model(x_t, t, y, drop)
         return self.diffusion.training_losses(out, x, t, noise)["loss"].mean()
 
+    def _step(self, x, y, t, noise, drop, scalars):
+        """Forward, backward, (all-reduce,) clip, AdamW and EMA: one graph under ms.jit."""
+        loss, grads = self._grad_fn(x, y, t, noise, drop)
+        grads = self.grad_reducer(grads)
+        lr, weight_decay, beta1, beta2, eps, step_size, bc2_sqrt, decay, max_norm = scalars
+        if self.cfg.optim.max_grad_norm > 0:
+            grads = ops.clip_by_global_norm(grads, max_norm)
+        adamw_update(self.params, grads, self.exp_avg, self.exp_avg_sq, lr, weight_decay, beta1, beta2, eps,
+                     step_size, bc2_sqrt)
+        ema_update(self.ema, self.all_params, decay)
+        return loss
+
     def train_step(self, batch, draws=None) -> dict:
         """One AdamW step on (x, y); `draws` = (t, noise, drop) overrides the step's own draws."""
         x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
         x = np.asarray(x.asnumpy() if isinstance(x, Tensor) else x, dtype=np.float32)
         y = np.asarray(y.asnumpy() if isinstance(y, Tensor) else y).astype(np.int32)
         t, noise, drop = draws if draws is not None else self.draw(len(x))
+        o = self.cfg.optim
+        n = self.step + 1
         lr = self.lr_at(self.step)
-        self.optimizer.lr = lr
+        # Host-side scalars in float64, cast once to float32 as torch does with Python scalars.
+        # mutable: under ms.jit the values change every step without recompiling the graph.
+        scalars = ms.mutable(tuple(Tensor(np.float32(v)) for v in (
+            lr, o.weight_decay, o.beta1, o.beta2, o.eps, lr / (1 - o.beta1 ** n), np.sqrt(1 - o.beta2 ** n),
+            self.ema_decay_at(n), o.max_grad_norm)))
         self.model.set_train(True)
-        loss, grads = self._grad_fn(Tensor(x), Tensor(y), Tensor(np.asarray(t, dtype=np.int32)),
-                                    Tensor(np.asarray(noise, dtype=np.float32)), Tensor(np.asarray(drop, dtype=np.int32)))
-        grads = self.grad_reducer(grads)
-        out = {"loss": float(loss.asnumpy()), "lr": lr}
-        if self.cfg.optim.max_grad_norm > 0:
-            grads = ops.clip_by_global_norm(grads, self.cfg.optim.max_grad_norm)
-        self.optimizer(grads)
-        self.step += 1
-        self.update_ema()
-        return out
+        loss = self._step_fn(Tensor(x), Tensor(y), Tensor(np.asarray(t, dtype=np.int32)),
+                             Tensor(np.asarray(noise, dtype=np.float32)), Tensor(np.asarray(drop, dtype=np.int32)),
+                             scalars)
+        self.step = n
+        return {"loss": float(loss.asnumpy()), "lr": lr}
 
     def lr_at(self, step):
         """The learning rate of `step` (linear warmup over optim.warmup_steps, as the torch path)."""
         w = self.cfg.optim.warmup_steps
         return self.cfg.optim.lr * (min(1.0, (step + 1) / w) if w > 0 else 1.0)
 
-    def update_ema(self):
-        """ema <- d*ema + (1-d)*param, with the torch path's decay (and optional warmup)."""
+    def ema_decay_at(self, step):
+        """The EMA decay after optimizer step `step` (1-based), with the torch path's optional warmup."""
         d = self.cfg.train.ema_decay
-        if self.cfg.train.ema_warmup:
-            d = min(d, self.step / (9 + self.step))  # (1+s)/(10+s) at s = step-1
-        for p in self.model.get_parameters():
-            self.ema[p.name] = self.ema[p.name] * d + p.value() * (1 - d)
+        return min(d, step / (9 + step)) if self.cfg.train.ema_warmup else d
+
+    def ema_weights(self) -> dict:
+        """{model name: numpy array} of the EMA."""
+        return {p.name[len("ema."):]: p.asnumpy() for p in self.ema}
 
     # -- checkpoints and the loop ----------------------------------------------------------
 

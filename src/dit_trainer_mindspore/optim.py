@@ -1,47 +1,33 @@
-"""AdamW with torch.optim.AdamW's exact update order (MindSpore 2.10's `mint.optim.AdamW` has no
-CPU kernel, and `nn.AdamWeightDecay` has no bias correction, so neither matches the torch path)."""
-
-import math
+"""AdamW and EMA as assignments to MindSpore Parameters, in torch.optim.AdamW's exact update
+order (MindSpore 2.10's `mint.optim.AdamW` has no CPU kernel, and `nn.AdamWeightDecay` has no bias
+correction, so neither matches the torch path). Written as plain ops so the whole train step,
+update included, runs eagerly (PyNative) or as one compiled graph (`ms.jit`)."""
 
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 
-class AdamW:
-    """Decoupled weight decay, then Adam with bias correction: torch's single-tensor AdamW."""
+def zeros_like_params(params, prefix):
+    """Zero Parameters named `prefix.<name>` beside `params` (optimizer moments)."""
+    return ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"{prefix}.{p.name}",
+                                    requires_grad=False) for p in params)
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        self.params = list(params)
-        self.lr, self.betas, self.eps, self.weight_decay = lr, betas, eps, weight_decay
-        self.step_count = 0
-        self.exp_avg = {p.name: Tensor(np.zeros(p.shape, np.float32)) for p in self.params}
-        self.exp_avg_sq = {p.name: Tensor(np.zeros(p.shape, np.float32)) for p in self.params}
 
-    def __call__(self, grads):
-        """Apply one update from `grads` (in the order of `params`)."""
-        self.step_count += 1
-        b1, b2 = self.betas
-        lr = self.lr
-        step_size = lr / (1 - b1 ** self.step_count)
-        bc2_sqrt = math.sqrt(1 - b2 ** self.step_count)
-        for p, g in zip(self.params, grads):
-            value = p.value() * (1 - lr * self.weight_decay)
-            m = self.exp_avg[p.name]
-            m = m + (g - m) * (1 - b1)
-            v = self.exp_avg_sq[p.name] * b2 + g * g * (1 - b2)
-            self.exp_avg[p.name], self.exp_avg_sq[p.name] = m, v
-            denom = ops.sqrt(v) / bc2_sqrt + self.eps
-            p.set_data(value - step_size * (m / denom))
+def adamw_update(params, grads, exp_avg, exp_avg_sq, lr, weight_decay, beta1, beta2, eps, step_size, bc2_sqrt):
+    """torch's single-tensor AdamW: decay, moments, bias-corrected step; scalars are float32 Tensors."""
+    for p, g, m, v in zip(params, grads, exp_avg, exp_avg_sq):
+        new_m = m + (g - m) * (1 - beta1)
+        new_v = v * beta2 + g * g * (1 - beta2)
+        denom = ops.sqrt(new_v) / bc2_sqrt + eps
+        new_p = p * (1 - lr * weight_decay) - step_size * (new_m / denom)
+        ops.assign(m, new_m)
+        ops.assign(v, new_v)
+        ops.assign(p, new_p)
+    return True
 
-    def state(self) -> dict:
-        """{name: Tensor} of the moments, for a checkpoint."""
-        out = {f"adamw.exp_avg.{k}": v for k, v in self.exp_avg.items()}
-        out.update({f"adamw.exp_avg_sq.{k}": v for k, v in self.exp_avg_sq.items()})
-        return out
 
-    def load_state(self, saved: dict, step_count: int) -> None:
-        """Restore `state()` and the step count."""
-        for k in self.exp_avg:
-            self.exp_avg[k] = Tensor(saved[f"adamw.exp_avg.{k}"].asnumpy())
-            self.exp_avg_sq[k] = Tensor(saved[f"adamw.exp_avg_sq.{k}"].asnumpy())
-        self.step_count = int(step_count)
+def ema_update(ema, params, decay):
+    """ema <- decay·ema + (1−decay)·param, as DiT's update_ema."""
+    for e, p in zip(ema, params):
+        ops.assign(e, e * decay + p * (1 - decay))
+    return True
