@@ -44,6 +44,8 @@ class MindSporeEngine:
                                   for p in self.all_params)
         self.step = 0
         self.grad_reducer = _grad_reducer(self.params)
+        self.dp_size = _dp()[1]
+        self._all_reduce = ops.AllReduce() if self.dp_size > 1 else None
         self._grad_fn = ms.value_and_grad(self._loss, None, self.params)
         self.jit = jit
         # train.compile: graph mode, forward, backward, AdamW and EMA compiled into one graph
@@ -76,6 +78,8 @@ class MindSporeEngine:
         adamw_update(self.params, grads, self.exp_avg, self.exp_avg_sq, lr, weight_decay, beta1, beta2, eps,
                      step_size, bc2_sqrt)
         ema_update(self.ema, self.all_params, decay)
+        if self._all_reduce is not None:
+            loss = self._all_reduce(loss) / self.dp_size  # the global batch's mean, as one process logs it
         return loss
 
     def train_step(self, batch, draws=None) -> dict:
