@@ -71,6 +71,10 @@ def test_convert_ours_and_dit_pt_to_mindspore_and_back(tmp_path):
 
     mm = DiT(**TINY)
     load_weights(mm, str(tmp_path / "b.ckpt"))
+    direct = DiT(**TINY)
+    load_weights(direct, str(tmp_path / "release.pt"))  # model.weights_path converts a .pt on the fly
+    for (n, p), (_, q) in zip(mm.parameters_and_names(), direct.parameters_and_names()):
+        np.testing.assert_array_equal(p.asnumpy(), q.asnumpy())
     x = np.random.default_rng(0).standard_normal((2, 4, 8, 8)).astype(np.float32)
     tm.eval()
     with torch.no_grad():

@@ -36,8 +36,16 @@ def read_weights(path) -> dict:
 
 
 def load_weights(model, path) -> None:
-    """Load a weights .ckpt (model names) into `model`, strictly: every name, every shape."""
-    weights = read_weights(path)
+    """Load weights into `model`, strictly (every name, every shape): a MindSpore `.ckpt`, or, converted
+    on the fly, our checkpoint dir / `.safetensors` or a facebookresearch/DiT `.pt` (`model.weights_path`)."""
+    path = str(path)
+    if path.endswith(".ckpt"):
+        weights = read_weights(path)
+    else:
+        from dit_trainer_mindspore.convert import read, torch_to_mindspore
+
+        fmt = "ours" if os.path.isdir(path) or path.endswith(".safetensors") else "dit-pt"
+        weights = torch_to_mindspore(read(path, fmt), source=path)
     own = dict(model.parameters_and_names())
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
     if missing or unexpected:

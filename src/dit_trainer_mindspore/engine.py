@@ -30,6 +30,7 @@ class MindSporeEngine:
         if cfg.train.mixed_precision == "fp16" or cfg.train.grad_accum_steps != 1:
             raise ConfigError("backend mindspore trains in fp32 without accumulation; set train.mixed_precision fp32 "
                               "and train.grad_accum_steps 1")
+        # bf16 (the config default) has no CPU benefit here: the engine trains in fp32.
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_seed(cfg.train.seed)
         self.model = DiT(**model_kwargs(cfg), seed=cfg.train.seed)
