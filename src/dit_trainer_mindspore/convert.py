@@ -10,12 +10,13 @@ checks every name and shape against it. Arrays move as numpy, so `ours` (safeten
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 
 import numpy as np
 
-from dit_trainer.errors import CheckpointError, DitError
+from dit_trainer.errors import CheckpointError, ConfigError, DitError
 from dit_trainer_mindspore.core import sizes
 
 FORMATS = ("ours", "dit-pt", "mindspore")
@@ -152,6 +153,9 @@ def convert(src, dst, src_fmt, dst_fmt, model_name=None, **kwargs) -> int:
     """Convert the DiT weights at `src` into `dst`; returns the number of tensors written."""
     if src_fmt not in FORMATS or dst_fmt not in FORMATS or (src_fmt == "mindspore") == (dst_fmt == "mindspore"):
         raise CheckpointError(f"convert between mindspore and one of ours, dit-pt (got --from {src_fmt} --to {dst_fmt})")
+    if importlib.util.find_spec("mindspore") is None:
+        raise ConfigError("converting to or from mindspore needs MindSpore: pip install 'dit-trainer[mindspore]' "
+                          "in an environment with numpy<2 (scripts/mindspore_env.sh)")
     weights = read(src, src_fmt)
     if dst_fmt == "mindspore":
         out = torch_to_mindspore(weights, model_name, source=src, **kwargs)
