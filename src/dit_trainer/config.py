@@ -139,6 +139,7 @@ class ParallelConfig:
 class Config:
     output_dir: str = "outputs/run"  # where checkpoints, metrics and samples go
     objective: str = "diffusion"  # diffusion | transport: what the model learns and how it samples
+    backend: str = "torch"  # torch | mindspore (the `mindspore` extra; DiT with the diffusion objective)
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)

@@ -50,6 +50,11 @@ class DiTTrainer:
 
     def __init__(self, config, dataset=None):
         self.cfg = cfg = as_config(config)
+        # backend mindspore: the run belongs to the MindSpore engine; the methods below delegate to it.
+        self._engine = None
+        if cfg.backend != "torch":
+            self._engine = _other_engine(cfg)
+            return
         if dataset is None and cfg.data.path is not None:
             from dit_trainer.data.loader import shape_from_data
 
@@ -190,6 +195,8 @@ class DiTTrainer:
 
     def train_step(self, batch) -> dict:
         """One optimizer step on this rank's share of a global batch; returns floats."""
+        if self._engine is not None:
+            return self._engine.train_step(batch)
         x, y, draws, drop = self._prepare(batch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -346,10 +353,14 @@ class DiTTrainer:
 
     def save_checkpoint(self):
         """Write model, EMA, optimizer and trainer state for the current step (all ranks call it)."""
+        if self._engine is not None:
+            return self._engine.save_checkpoint()
         return checkpointing.save(self)
 
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
+        if self._engine is not None:
+            return self._engine.load_checkpoint(path)
         checkpointing.load(self, path)
 
     def ema_model(self):
@@ -405,6 +416,8 @@ class DiTTrainer:
 
     def train(self) -> dict:
         """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
+        if self._engine is not None:
+            return self._engine.train()
         with StopSignals() as self._signals:
             try:
                 return loop.run(self)
@@ -421,3 +434,15 @@ class DiTTrainer:
             result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
         checkpointing.barrier()
         return result
+
+
+def _other_engine(cfg):
+    """The engine of a non-torch `backend` (only "mindspore": the dit-trainer[mindspore] extra)."""
+    if cfg.backend != "mindspore":
+        raise ConfigError(f"backend {cfg.backend!r} is not one of torch, mindspore")
+    try:
+        from dit_trainer_mindspore.engine import MindSporeEngine
+    except ImportError as err:
+        raise ConfigError(f"backend mindspore needs MindSpore ({err}); pip install 'dit-trainer[mindspore]' "
+                          "in an environment with numpy<2, or see scripts/mindspore_env.sh") from None
+    return MindSporeEngine(cfg)

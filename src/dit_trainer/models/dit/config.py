@@ -7,7 +7,7 @@ from typing import Optional
 from dit_trainer.errors import ConfigError
 
 # depth, hidden size, heads of each named size (the paper's Table 1).
-SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+from dit_trainer.models.dit.sizes import SIZES  # noqa: E402 (torch-free, shared with the MindSpore backend)
 _NAME = re.compile(r"-(XL|L|B|S)/(\d+)$")
 
 

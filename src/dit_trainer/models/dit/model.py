@@ -10,8 +10,9 @@ release, so its checkpoints load with `strict=True`.
 import torch
 import torch.nn as nn
 
+from dit_trainer.models.dit.sizes import PATCHES
+from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, timestep_embedding
-from dit_trainer.models.dit.config import SIZES
 
 
 def modulate(x, shift, scale):
@@ -215,9 +216,6 @@ class DiT(nn.Module):
         return torch.cat([eps, rest], dim=1)
 
 
-_SIZES = SIZES
-
-
 def _constructor(size, patch):
     depth, hidden, heads = _SIZES[size]
 
@@ -231,7 +229,7 @@ def _constructor(size, patch):
     return build
 
 
-DiT_models = {f"DiT-{size}/{patch}": _constructor(size, patch) for size in _SIZES for patch in (2, 4, 8)}
+DiT_models = {f"DiT-{size}/{patch}": _constructor(size, patch) for size in _SIZES for patch in PATCHES}
 DiT_XL_2, DiT_XL_4, DiT_XL_8 = (DiT_models[f"DiT-XL/{p}"] for p in (2, 4, 8))
 DiT_L_2, DiT_L_4, DiT_L_8 = (DiT_models[f"DiT-L/{p}"] for p in (2, 4, 8))
 DiT_B_2, DiT_B_4, DiT_B_8 = (DiT_models[f"DiT-B/{p}"] for p in (2, 4, 8))
