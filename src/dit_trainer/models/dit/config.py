@@ -5,9 +5,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.models.dit.sizes import SIZES  # torch-free, shared with the MindSpore backend
 
-# depth, hidden size, heads of each named size (the paper's Table 1).
-from dit_trainer.models.dit.sizes import SIZES  # noqa: E402 (torch-free, shared with the MindSpore backend)
 _NAME = re.compile(r"-(XL|L|B|S)/(\d+)$")
 
 
