@@ -216,20 +216,25 @@ class DiT(nn.Module):
         return torch.cat([eps, rest], dim=1)
 
 
-def _constructor(size, patch):
+def _constructor(cls, prefix, size, patch):
     depth, hidden, heads = _SIZES[size]
 
     def build(**kwargs):
         # Size arguments may be overridden (small models for tests and the demo keep the family).
         kwargs = {"depth": depth, "hidden_size": hidden, "patch_size": patch, "num_heads": heads, **kwargs}
-        return DiT(**kwargs)
+        return cls(**kwargs)
 
-    build.__name__ = f"DiT_{size}_{patch}"
-    build.__doc__ = f"DiT-{size}/{patch}: depth {depth}, hidden {hidden}, {heads} heads, patch {patch}."
+    build.__name__ = f"{prefix}_{size}_{patch}"
+    build.__doc__ = f"{prefix}-{size}/{patch}: depth {depth}, hidden {hidden}, {heads} heads, patch {patch}."
     return build
 
 
-DiT_models = {f"DiT-{size}/{patch}": _constructor(size, patch) for size in _SIZES for patch in PATCHES}
+def sized_constructors(cls, prefix: str) -> dict:
+    """"{prefix}-{S,B,L,XL}/{2,4,8}" -> constructor of `cls` at the paper's sizes (DiT, and SiT on its backbone)."""
+    return {f"{prefix}-{size}/{patch}": _constructor(cls, prefix, size, patch) for size in _SIZES for patch in PATCHES}
+
+
+DiT_models = sized_constructors(DiT, "DiT")
 DiT_XL_2, DiT_XL_4, DiT_XL_8 = (DiT_models[f"DiT-XL/{p}"] for p in (2, 4, 8))
 DiT_L_2, DiT_L_4, DiT_L_8 = (DiT_models[f"DiT-L/{p}"] for p in (2, 4, 8))
 DiT_B_2, DiT_B_4, DiT_B_8 = (DiT_models[f"DiT-B/{p}"] for p in (2, 4, 8))

@@ -7,7 +7,7 @@ channels as the input. With `learn_sigma` the final layer still has the release'
 (its checkpoints carry them) but only the first half is returned.
 """
 
-from dit_trainer.models.dit import DiT
+from dit_trainer.models.dit.model import DiT, sized_constructors
 
 
 class SiT(DiT):
@@ -29,20 +29,4 @@ class SiT(DiT):
         return super().forward_with_cfg(x, t, y, cfg_scale, cfg_channels=cfg_channels)
 
 
-_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
-
-
-def _constructor(size, patch):
-    depth, hidden, heads = _SIZES[size]
-
-    def build(**kwargs):
-        # Size arguments may be overridden (tiny models for tests keep the family).
-        kwargs = {"depth": depth, "hidden_size": hidden, "patch_size": patch, "num_heads": heads, **kwargs}
-        return SiT(**kwargs)
-
-    build.__name__ = f"SiT_{size}_{patch}"
-    build.__doc__ = f"SiT-{size}/{patch}: depth {depth}, hidden {hidden}, {heads} heads, patch {patch}."
-    return build
-
-
-SiT_models = {f"SiT-{size}/{patch}": _constructor(size, patch) for size in ("XL", "L", "B", "S") for patch in (2, 4, 8)}
+SiT_models = sized_constructors(SiT, "SiT")
