@@ -18,10 +18,10 @@ def make_reference(args) -> int:
     import torch
 
     sys.path.insert(0, "tests/convert")
-    from convert_helpers import emulate_convention, randomize
+    from convert_helpers import randomize
 
     from dit_trainer.convert import Bundle, write
-    from dit_trainer.convert.model_config import DIFFUSERS_CONVENTION, build_dit, dit_supports_convention
+    from dit_trainer.convert.model_config import DIFFUSERS_CONVENTION, build_dit
 
     cfg = {"name": "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 1000, "depth": 2,
            "hidden_size": 64, "num_heads": 2}
@@ -29,7 +29,7 @@ def make_reference(args) -> int:
     write("ppdiffusers", Bundle(state_dict=model.state_dict(), model=cfg, vae=args.vae, scaling_factor=0.18215),
           args.export)
     conv = {**cfg, **DIFFUSERS_CONVENTION}
-    ours = build_dit(conv) if dit_supports_convention() else emulate_convention(build_dit(conv, False), **DIFFUSERS_CONVENTION)
+    ours = build_dit(conv)
     ours.load_state_dict(model.state_dict())
     g = torch.Generator().manual_seed(0)
     x, t, y = torch.randn(4, 4, 8, 8, generator=g), torch.tensor([0, 250, 600, 999]), torch.tensor([207, 1, 360, 1000])

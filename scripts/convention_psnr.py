@@ -23,20 +23,15 @@ def main() -> int:
     p.add_argument("--per-class", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    from convert_helpers import emulate_convention
-
     from dit_trainer.convert import read
-    from dit_trainer.convert.model_config import build_dit, dit_supports_convention
+    from dit_trainer.convert.model_config import build_dit
     from dit_trainer.convert.pipeline import DiTPipeline
     from dit_trainer.sample import default_classes, load_decoder, sample_latents, to_images
 
     pipe = DiTPipeline.from_pretrained(args.run)
     bundle = read("ours", args.run)
     shifted = {**bundle.model, "timestep_freq_shift": 1}
-    if dit_supports_convention():
-        other = build_dit(shifted)
-    else:
-        other = emulate_convention(build_dit(shifted, check_convention=False), 1, bundle.model.get("mlp_norm_eps", 1e-6))
+    other = build_dit(shifted)
     other.load_state_dict(bundle.state_dict)
     labels = [c for c in default_classes(pipe.model.num_classes) for _ in range(args.per_class)]
     decoder = load_decoder(pipe.cfg) if bundle.vae else (None, None, None)
