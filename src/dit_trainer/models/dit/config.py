@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.models.dit.sizes import SIZES  # torch-free, shared with the MindSpore backend
 
 _NAME = re.compile(r"-(XL|L|B|S)/(\d+)$")
 
@@ -32,6 +31,9 @@ class DiTConfig:
         match = _NAME.search(str(name))
         if match is None:  # a name registered by another family on this backbone: sizes unknown
             return
+        # Imported here: the MindSpore backend reads this file alone, without the models package.
+        from dit_trainer.models.dit.sizes import SIZES
+
         depth, hidden, heads = SIZES[match.group(1)]
         patch = int(match.group(2))
         hidden = self.hidden_size or hidden
