@@ -5,7 +5,7 @@ Names load on first use, so registering `dit train` (this package's `cli`) does 
 
 import importlib
 
-_LAZY = {"DiTTrainer": "dit_trainer.train.trainer", "resolve_amp_dtype": "dit_trainer.train.trainer"}
+_LAZY = {"DiTTrainer": "dit_trainer.train.trainer", "resolve_amp_dtype": "dit_trainer.train.backends"}
 
 
 def __getattr__(name):

@@ -25,24 +25,9 @@ from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
 from dit_trainer.train import checkpointing, loop
+from dit_trainer.train.backends import other_engine, resolve_amp_dtype
 from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.signals import StopSignals
-
-
-def resolve_amp_dtype(name: str, device: torch.device):
-    """The autocast dtype for `train.mixed_precision`, or None for fp32."""
-    if name == "fp32":
-        return None
-    if name == "bf16":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-        # Without native bf16 (AVX512-BF16/AMX) autocast on CPU is slower than fp32: fall back.
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
-    if name == "fp16":
-        if device.type != "cuda":
-            raise ConfigError("train.mixed_precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
-        return torch.float16
-    raise ConfigError(f"train.mixed_precision {name!r} is not one of bf16, fp16, fp32")
 
 
 class DiTTrainer:
@@ -53,7 +38,7 @@ class DiTTrainer:
         # backend mindspore: the run belongs to the MindSpore engine; the methods below delegate to it.
         self._engine = None
         if cfg.backend != "torch":
-            self._engine = _other_engine(cfg)
+            self._engine = other_engine(cfg)
             return
         if dataset is None and cfg.data.path is not None:
             from dit_trainer.data.loader import shape_from_data
@@ -434,15 +419,3 @@ class DiTTrainer:
             result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
         checkpointing.barrier()
         return result
-
-
-def _other_engine(cfg):
-    """The engine of a non-torch `backend` (only "mindspore": the dit-trainer[mindspore] extra)."""
-    if cfg.backend != "mindspore":
-        raise ConfigError(f"backend {cfg.backend!r} is not one of torch, mindspore")
-    try:
-        from dit_trainer_mindspore.engine import MindSporeEngine
-    except ImportError as err:
-        raise ConfigError(f"backend mindspore needs MindSpore ({err}); pip install 'dit-trainer[mindspore]' "
-                          "in an environment with numpy<2, or see scripts/mindspore_env.sh") from None
-    return MindSporeEngine(cfg)

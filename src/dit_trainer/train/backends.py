@@ -1,0 +1,33 @@
+"""What the trainer computes with: the autocast dtype on torch, or another engine (`backend`)."""
+
+import torch
+
+from dit_trainer.errors import ConfigError
+
+
+def resolve_amp_dtype(name: str, device: torch.device):
+    """The autocast dtype for `train.mixed_precision`, or None for fp32."""
+    if name == "fp32":
+        return None
+    if name == "bf16":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+        # Without native bf16 (AVX512-BF16/AMX) autocast on CPU is slower than fp32: fall back.
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+    if name == "fp16":
+        if device.type != "cuda":
+            raise ConfigError("train.mixed_precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        return torch.float16
+    raise ConfigError(f"train.mixed_precision {name!r} is not one of bf16, fp16, fp32")
+
+
+def other_engine(cfg):
+    """The engine of a non-torch `backend` (only "mindspore": the dit-trainer[mindspore] extra)."""
+    if cfg.backend != "mindspore":
+        raise ConfigError(f"backend {cfg.backend!r} is not one of torch, mindspore")
+    try:
+        from dit_trainer_mindspore.engine import MindSporeEngine
+    except ImportError as err:
+        raise ConfigError(f"backend mindspore needs MindSpore ({err}); pip install 'dit-trainer[mindspore]' "
+                          "in an environment with numpy<2, or see scripts/mindspore_env.sh") from None
+    return MindSporeEngine(cfg)
