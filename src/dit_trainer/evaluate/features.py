@@ -6,7 +6,7 @@ the ADM evaluator feeds its graph) and returns {"pool": N×D, "spatial": N×S, "
 """
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
