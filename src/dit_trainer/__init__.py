@@ -4,7 +4,7 @@ The main entry points are importable from the top level (loaded on first use, so
 stays fast): `DiTTrainer`, `get_spec`, `create_diffusion`, `load_config`.
 """
 
-import importlib
+from dit_trainer.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -20,15 +20,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'dit_trainer' has no attribute {name!r}")
-
-
-def __dir__():
-    # The lazy names are what a user looks for; list them beside the module's own attributes.
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = sorted(_LAZY)

@@ -5,7 +5,7 @@ formats, and the train step behind `DiTTrainer({"backend": "mindspore", ...})`.
 Imports no torch: it shares only dit_trainer's config, errors, size table and beta schedules.
 """
 
-import importlib
+from dit_trainer.lazy import lazy_exports
 
 _LAZY = {
     "MindSporeEngine": "dit_trainer_mindspore.engine",
@@ -16,10 +16,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'dit_trainer_mindspore' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = sorted(_LAZY)

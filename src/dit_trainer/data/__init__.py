@@ -2,7 +2,7 @@
 and the digits for the demo. Names load on first use (torch, diffusers and scikit-learn only
 when needed), so registering `dit extract` and `dit data` does not import torch."""
 
-import importlib
+from dit_trainer.lazy import lazy_exports
 
 _LAZY = {
     "DigitsDataset": "digits", "classify_images": "digits", "digits_classifier": "digits",
@@ -15,14 +15,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"dit_trainer.data.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'dit_trainer.data' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = sorted(_LAZY)

@@ -4,7 +4,7 @@ Depends on models, objectives, checkpoint reading and the VAE; never on the trai
 Names load on first use, so registering `dit sample` (this package's `cli`) does not import torch.
 """
 
-import importlib
+from dit_trainer.lazy import lazy_exports
 
 # Torch-free, and imported here so that `dit_trainer.sample.decode` is the function, not the module.
 from dit_trainer.sample.decode import DEFAULT_VAE, decode, load_decoder, to_images, vae_source
@@ -19,15 +19,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"dit_trainer.sample.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'dit_trainer.sample' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = sorted([*_LAZY, "DEFAULT_VAE", "decode", "load_decoder", "to_images", "vae_source", "load_model"])

@@ -3,19 +3,12 @@
 Names load on first use, so registering `dit train` (this package's `cli`) does not import torch.
 """
 
-import importlib
+from dit_trainer.lazy import lazy_exports
 
 _LAZY = {"DiTTrainer": "dit_trainer.train.trainer", "resolve_amp_dtype": "dit_trainer.train.backends"}
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'dit_trainer.train' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = ["DiTTrainer", "resolve_amp_dtype"]

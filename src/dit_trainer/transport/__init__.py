@@ -5,7 +5,7 @@ package; the loss takes t and the noise as arguments instead of drawing them. Na
 use, so reading the config's `transport:` section (`transport.config`) does not import torch.
 """
 
-import importlib
+from dit_trainer.lazy import lazy_exports
 
 _LAZY = {
     "TransportConfig": "dit_trainer.transport.config",
@@ -31,14 +31,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'dit_trainer.transport' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = sorted(_LAZY)

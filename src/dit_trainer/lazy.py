@@ -1,0 +1,23 @@
+"""Packages whose public names load on first use, so that `dit --help` and config reading stay
+torch-free: one `__getattr__`/`__dir__` pair for every such `__init__`."""
+
+import importlib
+
+
+def lazy_exports(package: str, table: dict, namespace: dict):
+    """(`__getattr__`, `__dir__`) for `package`: `table` maps a name to the module defining it
+    (absolute, or relative to `package`); `namespace` is the package's `globals()`."""
+
+    def __getattr__(name):
+        if name in table:
+            module = table[name]
+            if not module.startswith(package.split(".")[0]):
+                module = f"{package}.{module}"
+            return getattr(importlib.import_module(module), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__():
+        # The lazy names are what a user looks for; list them beside the module's own attributes.
+        return sorted(set(namespace) | set(table))
+
+    return __getattr__, __dir__
