@@ -7,7 +7,8 @@ import math
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from dit_trainer.models.attention import attention
 
 
 class PatchEmbed(nn.Module):
@@ -45,7 +46,7 @@ class Attention(nn.Module):
         # rank holds only its own heads of q, k and v.
         qkv = self.qkv(x).reshape(B, N, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v)
+        x = attention(q, k, v)
         x = x.transpose(1, 2).reshape(B, N, -1)
         return self.proj(x)
 

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate
 
+from dit_trainer.models.attention import attention
 from dit_trainer.models.dit import modulate
 
 
@@ -99,7 +100,7 @@ class Attention(nn.Module):
         v = self.wv(x).unflatten(-1, (-1, self.head_dim))
         q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
         # Query head i reads kv head i // (n_heads / n_kv_heads), the release's repeat order.
-        out = F.scaled_dot_product_attention(
+        out = attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=q.shape[2] != k.shape[2]
         )
         return self.wo(out.transpose(1, 2).flatten(2))

@@ -1,0 +1,54 @@
+"""Softmax attention, softmax(q kᵀ / √d) v, with the kernel chosen by device and dtype.
+
+On CUDA and for fp32, PyTorch's fused SDPA is the fastest path. For bf16/fp16 on CPU it is not:
+at DiT's sizes (256 tokens, head dim 64) the CPU flash kernel, forward plus backward, runs at
+about half the speed of the same work done as batched matmuls (the CPU's bf16 matmul units are
+its fast path; `benchmarks/attention.py` measures both). Plain matmul attention would keep the
+(B, H, N, N) probabilities for the backward, though, which is more memory than every weight of
+DiT-S/2; so `MatmulAttention` stores what flash attention stores (q, k, v, the output and the
+row log-sum-exp) and recomputes the probabilities in the backward.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+class MatmulAttention(torch.autograd.Function):
+    """Attention from batched matmuls with a flash kernel's memory: only q, k and v are saved;
+    the backward recomputes the probabilities (one q kᵀ matmul and a softmax)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        probs = torch.softmax(torch.matmul(q * scale, k.transpose(-2, -1)), dim=-1)
+        ctx.save_for_backward(q, k, v)
+        ctx.scale = scale
+        return torch.matmul(probs, v)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        q_scaled = q * ctx.scale
+        probs = torch.softmax(torch.matmul(q_scaled, k.transpose(-2, -1)), dim=-1)
+        grad_out = grad_out.contiguous()
+        grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
+        grad_probs = torch.matmul(grad_out, v.transpose(-2, -1))
+        # The softmax Jacobian applied without forming it: P * (dP - rowsum(dP * P)), one kernel.
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_q = torch.matmul(grad_scores, k).mul_(ctx.scale)
+        grad_k = torch.matmul(grad_scores.transpose(-2, -1), q_scaled)
+        return grad_q, grad_k, grad_v, None
+
+
+def use_matmul_kernel(q: torch.Tensor) -> bool:
+    """True where `MatmulAttention` beats fused SDPA: reduced precision on CPU."""
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+
+
+def attention(q, k, v, enable_gqa=False):
+    """softmax(q kᵀ/√d) v over (B, H, N, d) tensors; GQA repeats kv heads as SDPA does."""
+    if not use_matmul_kernel(q):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+    if enable_gqa and k.shape[1] != q.shape[1]:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return MatmulAttention.apply(q, k, v, q.shape[-1] ** -0.5)
