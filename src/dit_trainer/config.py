@@ -30,7 +30,7 @@ class ModelConfig:
     learn_sigma: bool = True  # also predict the variance (the DiT release does)
     class_dropout_prob: float = 0.1  # share of labels dropped for classifier-free guidance, in [0, 1)
     weights_path: Optional[str] = None  # start from weights: our checkpoint dir, an original DiT .pt, or .safetensors
-    config_file: Optional[str] = None  # model from a PaddleMIX DiT JSON or our YAML/JSON; keys set beside it win; read once, the run's config.yaml keeps the values
+    config_file: Optional[str] = None  # model from a PaddleMIX DiT JSON or our model YAML/JSON; keys set beside it win
     options: dict = field(default_factory=dict)
 
     # `cfg.model.depth` reads and writes the family option, as if it were a field.
