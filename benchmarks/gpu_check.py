@@ -2,7 +2,8 @@
 (the compact table gathered from the logs of train_step.py, sampling.py and parallel.py).
 
     python benchmarks/gpu_check.py probe          # "NAME|COUNT|torch X|CUDA Y" or one line on stderr, exit 2
-    python benchmarks/gpu_check.py summary LOGDIR # reads LOGDIR/{train_b32,train_b128,sampling,fsdp_*}.log
+    python benchmarks/gpu_check.py sdpa           # which attention kernel DiT-XL/2's bf16 SDPA runs
+    python benchmarks/gpu_check.py summary LOGDIR # reads LOGDIR/{train_b32,train_b128,sampling,fsdp_*,sdpa}.log
 """
 
 import datetime
@@ -24,6 +25,36 @@ def probe() -> int:
               file=sys.stderr)
         return 2
     print(f"{torch.cuda.get_device_name(0)}|{torch.cuda.device_count()}|torch {torch.__version__}|CUDA {torch.version.cuda}")
+    return 0
+
+
+def sdpa() -> int:
+    """Print the kernel the default SDPA dispatch runs for DiT-XL/2's attention (bf16, as under
+    autocast) and whether the flash backend alone accepts it: the model does not pin a backend."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
+
+    # DiT-XL/2 at 256 px: 256 tokens, 16 heads of 72, batch 32.
+    q, k, v = (torch.randn(32, 16, 256, 72, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()  # warm-up
+    # The dispatcher's choice shows as the aten op SDPA calls (CPU activity records the ops).
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v).sum().backward()
+        torch.cuda.synchronize()
+    ops = {e.key for e in prof.key_averages()}
+    backends = {"aten::_scaled_dot_product_flash_attention": "flash",
+                "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+                "aten::_scaled_dot_product_efficient_attention": "mem-efficient",
+                "aten::_scaled_dot_product_attention_math": "math"}
+    kinds = [kind for op, kind in backends.items() if op in ops]
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        flash = "yes"
+    except RuntimeError as err:
+        flash = f"no ({str(err).splitlines()[0][:80]})"
+    print(f"SDPA default dispatch, bf16 (32,16,256,72): {'/'.join(kinds) or 'unknown'}; flash backend usable: {flash}")
     return 0
 
 
@@ -125,6 +156,8 @@ def summary(logs: Path) -> int:
     for name in ("train_b32", "train_b128"):
         for line in train_lines(logs, name, statuses.get(name, "not run")):
             print(line)
+    attention = [line for line in _read(logs, "sdpa").splitlines() if line.startswith("SDPA")]
+    print(attention[0] if attention else f"SDPA: no result ({statuses.get('sdpa', 'not run')})")
     print(sampling_line(logs, statuses.get("sampling", "not run")))
     print(fsdp_line(logs, statuses))
     bad = {k: v for k, v in statuses.items() if v != "ok" and not v.startswith("skipped")}
@@ -137,9 +170,11 @@ def summary(logs: Path) -> int:
 def main(argv) -> int:
     if argv[:1] == ["probe"]:
         return probe()
+    if argv[:1] == ["sdpa"]:
+        return sdpa()
     if len(argv) == 2 and argv[0] == "summary":
         return summary(Path(argv[1]))
-    print("usage: gpu_check.py probe | summary LOGDIR", file=sys.stderr)
+    print("usage: gpu_check.py probe | sdpa | summary LOGDIR", file=sys.stderr)
     return 2
 
 

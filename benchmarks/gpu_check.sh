@@ -6,7 +6,8 @@
 # 1. train_step.py, bf16 autocast + per-block compile: img/s, MFU against the bf16 matmul peak
 #    measured in the same process, peak CUDA memory; batch 32, and batch 128 with and without
 #    activation checkpointing (AC).
-# 2. sampling.py: DDIM-25 with CFG 4.0 in bf16, img/s of our sampler (latents, no VAE decode).
+# 2. gpu_check.py sdpa: the attention kernel bf16 SDPA dispatches to at DiT-XL/2's shapes.
+#    sampling.py: DDIM-25 with CFG 4.0 in bf16, img/s of our sampler (latents, no VAE decode).
 # 3. With >= 2 GPUs, parallel.py: FSDP2 (torchrun, parallel.dp_shard N) img/s against 1 GPU at 32
 #    images per GPU.
 # Each sub-run is bounded by `timeout`, all of them by GPU_CHECK_BUDGET seconds (default 300); a
@@ -63,6 +64,7 @@ run() {
   esac
 }
 
+run sdpa 30 "$py" "$here/gpu_check.py" sdpa
 xl=(--model DiT-XL/2 --input-size 32 --in-channels 4 --num-classes 1000 --device cuda --warmup 2 --steps 10 --peak-reps 2)
 run train_b32 75 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 32 --variants bf16+compile
 run train_b128 120 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 128 --variants bf16+compile,bf16+compile+ac

@@ -61,4 +61,4 @@ def test_summary_of_real_outputs(tmp_path):
     assert re.search(r"bf16 matmul peak: [\d.]+ TFLOP/s", text)
     assert f"{_cell(sampling, 'model', 'ours img/s')} img/s" in text
     assert "train_b128 timeout" in text and "FSDP2 scaling: no result" in text  # one rank count only
-    assert single and "(train_b128): no result" in text
+    assert single and "(train_b128): no result" in text and "SDPA: no result (not run)" in text
