@@ -43,7 +43,7 @@ def _config(args, parallel):
                   "depth": args.depth, "hidden_size": args.hidden, "num_heads": args.heads},
         "data": {"num_workers": 0},
         "train": {"global_batch_size": args.batch, "mixed_precision": args.precision, "device": args.device,
-                  "activation_checkpointing": args.ac},
+                  "activation_checkpointing": args.ac, "compile": args.compile},
         "logging": {"tensorboard": False, "progress": False},
         "parallel": {"pp_microbatches": 4, **parallel},
     })
@@ -111,7 +111,8 @@ def worker(args):
     if world > 1:
         dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rows = []
-    for name, parallel in LAYOUTS[world].items():
+    # World sizes without a list of layouts (8 GPUs, say) run plain FSDP over all ranks.
+    for name, parallel in LAYOUTS.get(world, {"fsdp": {"dp_shard": world}}).items():
         if args.layouts and name not in args.layouts.split(","):
             continue
         trainer = DiTTrainer(_config(args, parallel), dataset=_Latents(args.batch * 4, 4, args.input))
@@ -157,6 +158,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--ac", default="none")
+    ap.add_argument("--compile", action="store_true", help="per-block torch.compile (train.compile)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--world-sizes", default="1,2,4")
     ap.add_argument("--layouts", default="", help="comma-separated layout names (default: all)")
@@ -165,7 +167,14 @@ def main():
     if args.worker:
         return worker(args)
 
-    passthrough = [a for a in sys.argv[1:] if not a.startswith("--world-sizes")]
+    # Every flag but --world-sizes goes to the workers (its value too when given as a separate word).
+    argv, passthrough = sys.argv[1:], []
+    skip = False
+    for a in argv:
+        if skip or a.startswith("--world-sizes"):
+            skip = a == "--world-sizes"
+            continue
+        passthrough.append(a)
     rows = []
     for n in map(int, args.world_sizes.split(",")):
         launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"]
@@ -177,9 +186,10 @@ def main():
 
     import torch
 
-    print(f"# {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {args.device}, DiT depth {args.depth} "
+    gpu = f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") and torch.cuda.is_available() else ""
+    print(f"# {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, {args.device}{gpu}, DiT depth {args.depth} "
           f"hidden {args.hidden} heads {args.heads}, {args.input}x{args.input}x4 latents, global batch {args.batch}, "
-          f"{args.precision}, {os.cpu_count()} CPU cores")
+          f"{args.precision}{', compile' if args.compile else ''}, {os.cpu_count()} CPU cores")
     print("| layout | ranks | s/step | img/s | state MiB/rank (max) | peak MiB/rank (max) |")
     print("|---|---|---|---|---|---|")
     for r in rows:

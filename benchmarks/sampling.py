@@ -44,17 +44,11 @@ def _export(name, out, seed=0):
     from dit_trainer.convert import Bundle
     from dit_trainer.convert.hf_diffusers import WEIGHTS
     from dit_trainer.convert.layout import to_diffusers
-    from dit_trainer.convert.model_config import build_dit
     from dit_trainer.convert.pipeline_folder import transformer_config, write_json
     from safetensors.torch import save_file
 
     cfg = {"name": name, "input_size": 32, "in_channels": 4, "num_classes": 1000}
-    torch.manual_seed(seed)
-    model = build_dit(cfg)
-    with torch.no_grad():
-        for k, p in model.named_parameters():
-            if k != "pos_embed":
-                p.normal_(0, 0.02)
+    model = _random_dit(name, seed)
     bundle = Bundle(state_dict=model.state_dict(), model=cfg)
     write_json(os.path.join(out, "config.json"), transformer_config(bundle.model, "DiTTransformer2DModel"))
     save_file({k: v.contiguous().clone() for k, v in to_diffusers(bundle.state_dict).items()},
@@ -72,19 +66,36 @@ def _timed(fn, device):
     return time.perf_counter() - t0
 
 
-def bench(name, batch, steps, dtype, device, reps):
-    """(ours images/s, diffusers images/s) for one model size."""
-    from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+def _random_dit(name, seed=0):
+    """A DiT of size `name` (32x32x4 latents, 1000 classes) with random weights everywhere."""
+    from dit_trainer.convert.model_config import build_dit
 
-    from dit_trainer.convert.pipeline_folder import scheduler_config
+    torch.manual_seed(seed)
+    model = build_dit({"name": name, "input_size": 32, "in_channels": 4, "num_classes": 1000})
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if k != "pos_embed":
+                p.normal_(0, 0.02)
+    return model
+
+
+def bench(name, batch, steps, dtype, device, reps, with_diffusers=True):
+    """(ours images/s, diffusers images/s or None) for one model size."""
     from dit_trainer.sample import sample_latents
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg, model = _export(name, tmp)
-        transformer = DiTTransformer2DModel.from_pretrained(tmp)
-    sched = DDIMScheduler.from_config({k: v for k, v in scheduler_config({}).items() if not k.startswith("_")})
-    pipe = DiTPipeline(transformer=transformer.to(device, dtype), vae=_NoDecode(), scheduler=sched)
-    pipe.set_progress_bar_config(disable=True)
+    if with_diffusers:
+        from diffusers import DDIMScheduler, DiTPipeline, DiTTransformer2DModel
+
+        from dit_trainer.convert.pipeline_folder import scheduler_config
+
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, model = _export(name, tmp)
+            transformer = DiTTransformer2DModel.from_pretrained(tmp)
+        sched = DDIMScheduler.from_config({k: v for k, v in scheduler_config({}).items() if not k.startswith("_")})
+        pipe = DiTPipeline(transformer=transformer.to(device, dtype), vae=_NoDecode(), scheduler=sched)
+        pipe.set_progress_bar_config(disable=True)
+    else:
+        model = _random_dit(name)  # no export: `--no-diffusers` runs where diffusers is not installed
     model = model.to(device, dtype).eval()
     labels = [(207 + 13 * i) % 1000 for i in range(batch)]
 
@@ -96,8 +107,11 @@ def bench(name, batch, steps, dtype, device, reps):
         pipe(class_labels=labels, guidance_scale=4.0, num_inference_steps=n_steps,
              generator=torch.Generator().manual_seed(0), output_type="pt")
 
-    ours(2), theirs(2)  # warm-up: kernels, allocator, lazy init
+    ours(2)  # warm-up: kernels, allocator, lazy init
     t_ours = min(_timed(ours, device) for _ in range(reps))
+    if not with_diffusers:
+        return batch / t_ours, None
+    theirs(2)
     t_theirs = min(_timed(theirs, device) for _ in range(reps))
     return batch / t_ours, batch / t_theirs
 
@@ -111,6 +125,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-diffusers", action="store_true", help="time our sampler only (no diffusers needed)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -118,17 +133,25 @@ def main() -> int:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     models = args.models.split(",")
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    import diffusers
+    if args.no_diffusers:
+        theirs_version = "not timed"
+    else:
+        import diffusers
 
+        theirs_version = diffusers.__version__
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')} torch {torch.__version__} diffusers {diffusers.__version__} "
+    gpu = f"{torch.cuda.get_device_name(device)}, " if device.type == "cuda" else ""
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} torch {torch.__version__} diffusers {theirs_version} {gpu}"
           f"{platform.processor() or platform.machine()} {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
           f"load {load:.1f}; DDIM-{args.steps}, CFG 4.0, 32x32x4 latents, {args.dtype}, {args.device}, no VAE decode")
     print("| model | batch | ours img/s | diffusers DiTPipeline img/s | ours / diffusers |")
     print("|---|---|---|---|---|")
     for name, batch in zip(models, batches):
-        ours, theirs = bench(name, batch, args.steps, dtype, device, args.reps)
-        print(f"| {name} | {batch} | {ours:.3g} | {theirs:.3g} | {ours / theirs:.2f}x |", flush=True)
+        ours, theirs = bench(name, batch, args.steps, dtype, device, args.reps, with_diffusers=not args.no_diffusers)
+        if theirs is None:
+            print(f"| {name} | {batch} | {ours:.3g} | - | - |", flush=True)
+        else:
+            print(f"| {name} | {batch} | {ours:.3g} | {theirs:.3g} | {ours / theirs:.2f}x |", flush=True)
     return 0
 
 

@@ -30,6 +30,7 @@ class ModelConfig:
     learn_sigma: bool = True  # also predict the variance (the DiT release does)
     class_dropout_prob: float = 0.1  # share of labels dropped for classifier-free guidance, in [0, 1)
     weights_path: Optional[str] = None  # start from weights: our checkpoint dir, an original DiT .pt, or .safetensors
+    config_file: Optional[str] = None  # model from a PaddleMIX DiT JSON or our model YAML/JSON; keys set beside it win
     options: dict = field(default_factory=dict)
 
     # `cfg.model.depth` reads and writes the family option, as if it were a field.
@@ -287,9 +288,30 @@ def validate(cfg: Config) -> Config:
     from dit_trainer.config_checks import check_values
     from dit_trainer.models.spec import family_options
 
+    _apply_model_file(cfg)
     check_values(cfg)
     cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model)
     return cfg
+
+
+def _apply_model_file(cfg: Config) -> None:
+    # The file's keys count as set (the data does not override a JSON's sample_size), but a key the
+    # user set beside `config_file` wins. The path is cleared once read, so the run's config.yaml is
+    # self-contained and a later `--model.config_file` (applied after the YAML) replaces the first.
+    path = cfg.model.config_file
+    if not path:
+        return
+    from dit_trainer.model_file import load_model_file
+
+    values = load_model_file(path)
+    user = _set_keys(cfg) - cfg.__dict__.get("_from_model_file", set()) - {"model.config_file"}
+    applied = set()
+    for key, value in values.items():
+        if f"model.{key}" not in user:
+            set_key(cfg, f"model.{key}", value)
+            applied.add(f"model.{key}")
+    cfg.__dict__["_from_model_file"] = applied
+    cfg.model.config_file = None
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
@@ -313,22 +335,34 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[list] = None) -> Config:
-    """Read a YAML file (if given) and apply command-line overrides on top."""
+    """Read a YAML or JSON file (if given) and apply command-line overrides on top.
+
+    A PaddleMIX DiT JSON (`num_layers`, `num_attention_heads`, ...) is read as the model section.
+    """
     data = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {path} does not exist; pass a YAML file such as configs/demo_digits.yaml")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections")
+        data = _read_file(path)
     cfg = config_from_dict(data)
     for key, value in parse_overrides(list(overrides or [])):
         set_key(cfg, key, yaml.safe_load(value) if _is_yaml_scalar(value) else value)
     return validate(cfg)
+
+
+def _read_file(path) -> dict:
+    # model_file is torch-free, but imported here so that `import dit_trainer.config` stays light.
+    from dit_trainer.model_file import EXPECTED, is_paddlemix_config, model_section, read_mapping
+
+    data = read_mapping(path)
+    known = set(SECTIONS) | {f.name for f in dataclasses.fields(Config)} | set(RFC_KEYS)
+    if is_paddlemix_config(data):  # first: its in_channels is also one of the RFC's flat keys
+        return {"model": model_section(data, path)}
+    if not data or known & set(data):
+        return data  # our layout (unknown keys among known ones get the closest-key error)
+    if "name" in data:
+        return {"model": model_section(data, path)}  # a bare model section
+    if str(path).lower().endswith(".json"):
+        raise ConfigError(f"config file {path} holds {', '.join(list(map(str, data))[:6])}; expected {EXPECTED}")
+    return data  # a YAML typo such as `modle:` gets the closest-key error
 
 
 def _is_yaml_scalar(value: str) -> bool:

@@ -21,3 +21,15 @@ def resolve_device(name: str, key: str = "train.device"):
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"{key} is {name!r} but MPS is not available here; use auto or cpu")
     return device
+
+
+def enable_tf32() -> None:
+    """TF32 for float32 matmuls and convolutions on CUDA, as DiT's release trains (the fp32 ops
+    around autocast, and fp32 runs, take the tensor cores)."""
+    import torch
+
+    # The release's spelling. It sets CUDA alone (set_float32_matmul_precision would also switch
+    # oneDNN's CPU matmuls), and setting only the new per-backend `fp32_precision` makes readers of
+    # the legacy flags (inductor reads `matmul.allow_tf32`) raise "mix of the legacy and new APIs".
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True

@@ -1,4 +1,4 @@
-"""`dit convert --from FORMAT SRC --to FORMAT OUT [--model NAME] [--vae DIR_OR_ID]`."""
+"""`dit convert --from FORMAT SRC --to FORMAT OUT [--model NAME_OR_JSON] [--vae DIR_OR_ID]`."""
 
 from dit_trainer.convert import READERS, WRITERS
 
@@ -15,7 +15,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("src", metavar="SRC", help="file or folder to read")
     p.add_argument("--to", dest="dst_format", required=True, choices=WRITERS, help="format of OUT")
     p.add_argument("out", metavar="OUT", help="folder to write")
-    p.add_argument("--model", default=None, help="size name such as DiT-XL/2 (default: read off the tensors)")
+    p.add_argument("--model", default=None, help="size name such as DiT-XL/2, or a model config file: a PaddleMIX DiT JSON "
+                   "(num_layers, num_attention_heads, ...) or our YAML (default: read off the tensors)")
     p.add_argument("--num-heads", type=int, default=None, help="attention heads of a DiT of no release size")
     p.add_argument("--vae", default=None, help="VAE folder or hub id the model's latents came from")
     p.add_argument("--timestep-convention", choices=("diffusers", "release"), default="diffusers",

@@ -1,7 +1,8 @@
 """`dit-pt`: a facebookresearch/DiT release file (`DiT-XL-2-256x256.pt`) or its training dict
 (`{"model", "ema", "opt", "args"}`, EMA preferred), read with `torch.load(weights_only=True)`.
 
-The file holds tensors only; the model's size is read off their shapes unless `--model` names it.
+The file holds tensors only; the model's size is read off their shapes unless `--model` names it
+(a size name, or a model config file such as PaddleMIX's DiT JSON).
 """
 
 from pathlib import Path
@@ -9,21 +10,27 @@ from pathlib import Path
 from dit_trainer.convert.bundle import Bundle
 from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, shape_of
 from dit_trainer.errors import CheckpointError
+from dit_trainer.model_file import is_model_file, load_model_file
 
 
 def read(src, model=None, num_heads=None, vae=None) -> Bundle:
-    """A Bundle from a released DiT `.pt` (or `.safetensors`); `model` is a size name like DiT-XL/2."""
+    """A Bundle from a released DiT `.pt` (or `.safetensors`); `model` is a size name like DiT-XL/2 or a
+    model config file (PaddleMIX DiT JSON, our YAML)."""
     from dit_trainer.checkpoint import load_weights
 
     path = Path(src)
     if not path.is_file():
         raise CheckpointError(f"{src} is not a file; --from dit-pt takes a DiT .pt (or .safetensors) file")
     sd = load_weights(path, prefer_ema=True)
-    cfg = infer_from_state_dict(sd, path.name)
-    if num_heads:
-        cfg = _with(cfg, num_heads=int(num_heads))
-    if model:
-        cfg = _named(cfg, model)
+    if model and is_model_file(model):
+        # The file says all the tensors do not (the heads); check_fits compares the two.
+        cfg = {k: v for k, v in load_model_file(model).items() if k not in ("weights_path", "config_file")}
+    else:
+        cfg = infer_from_state_dict(sd, path.name)
+        if num_heads:
+            cfg = _with(cfg, num_heads=int(num_heads))
+        if model:
+            cfg = _named(cfg, model)
     check_fits(sd, cfg, path.name)
     # The release's latents come from SD's VAE at 0.18215; the 512 model is 64x64 latents.
     return Bundle(state_dict=sd, model=cfg, vae=vae or "stabilityai/sd-vae-ft-mse", scaling_factor=0.18215,

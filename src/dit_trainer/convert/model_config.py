@@ -83,7 +83,7 @@ def infer_from_state_dict(sd: dict, source="weights") -> dict:
     if heads is None:
         if hidden % 64:
             raise CheckpointError(f"{source}: a DiT of depth {depth} and hidden size {hidden} is no release size and "
-                                  "its head count is not in the tensors; pass --num-heads")
+                                  "its head count is not in the tensors; pass --num-heads, or --model with its model JSON")
         heads = hidden // 64  # every release size but XL uses 64-wide heads
     # Released checkpoints and ours always hold the null-class row that guidance needs.
     return model_config(depth, hidden, heads, patch, grid * patch, in_channels, rows - 1,

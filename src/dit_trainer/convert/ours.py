@@ -14,6 +14,7 @@ import yaml
 from dit_trainer.convert.bundle import Bundle
 from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.model_file import is_model_file, load_model_file
 
 WEIGHTS = ("ema.safetensors", "model.safetensors")
 
@@ -64,9 +65,12 @@ def read(src, model=None, vae=None) -> Bundle:
 
     path = checkpoint_dir(src)
     cfg, convention = read_config(path / "config.yaml")
-    if model and model.lower() != cfg.model.name.lower():
+    from_file = model and is_model_file(model)
+    if model and not from_file and model.lower() != cfg.model.name.lower():
         raise ConfigError(f"--model {model} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
     sd = load_weights(path, prefer_ema=True)
+    if from_file:  # the run records its model; a model file given too must describe these tensors
+        check_fits(sd, load_model_file(model), model)
     mcfg = model_dict(cfg, convention)
     check_fits(sd, mcfg, path)
     names = _labels(path) or dataset_class_names(cfg)

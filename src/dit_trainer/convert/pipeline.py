@@ -14,16 +14,18 @@ import torch
 from dit_trainer.errors import ConfigError
 
 
-def _read_any(path, vae=None):
+def _read_any(path, vae=None, model=None):
     from dit_trainer.convert import read
 
     root = Path(path)
     if (root / "model_index.json").is_file():
+        if model is not None:
+            raise ConfigError(f"{path} is a DiTPipeline folder whose transformer/config.json gives the model; drop model=")
         paddle = (root / "transformer" / "model_state.pdparams").is_file()
         return read("ppdiffusers" if paddle else "diffusers", root, vae=vae)
     if root.is_file():
-        return read("dit-pt", root, vae=vae)
-    return read("ours", root, vae=vae)
+        return read("dit-pt", root, model=model, vae=vae)
+    return read("ours", root, model=model, vae=vae)
 
 
 def _seed_from(generator, shape) -> int:
@@ -51,9 +53,10 @@ class DiTPipeline:
         self.device = torch.device(device)
 
     @classmethod
-    def from_pretrained(cls, path, device="cpu", vae=None):
+    def from_pretrained(cls, path, device="cpu", vae=None, model=None):
         """Load a run/checkpoint folder, a folder `dit convert` wrote, a diffusers or ppdiffusers
-        DiTPipeline folder, or a released DiT .pt."""
+        DiTPipeline folder, or a released DiT .pt. `model`: a size name or model config file
+        (PaddleMIX DiT JSON, our YAML) for a .pt whose size the tensors do not tell (default: read off them)."""
         from dit_trainer.class_names import imagenet_class_names
         from dit_trainer.config import config_from_dict
         from dit_trainer.convert.model_config import CONVENTION_KEYS, build_dit
@@ -61,7 +64,7 @@ class DiTPipeline:
 
         if not Path(path).exists():
             raise ConfigError(f"{path} does not exist; pass a run folder, a converted folder or a DiTPipeline folder")
-        bundle = _read_any(path, vae)
+        bundle = _read_any(path, vae, model)
         model = build_dit(bundle.model)
         model.load_state_dict(bundle.state_dict, strict=True)
         model.to(device)

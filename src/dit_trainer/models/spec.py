@@ -108,7 +108,7 @@ def family_options(name: str, options: Mapping, model=None) -> dict:
     for key in options:
         if key not in own:
             # A typo of a shared field ("nmae") should point there, not at the family's options.
-            candidates = ["name", *SHARED_FIELDS, "weights_path", *own]
+            candidates = ["name", *SHARED_FIELDS, "weights_path", "config_file", *own]
             raise closest_key_error(f"model.{key}", [f"model.{c}" for c in candidates])
     typed = build_dataclass(spec.config_cls, dict(options), prefix="model.")
     if model is not None and hasattr(typed, "check"):

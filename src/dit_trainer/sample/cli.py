@@ -38,7 +38,8 @@ def add_sampling_arguments(p) -> None:
     p.add_argument("--steps", "--num-sampling-steps", type=int, default=None,
                    help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
-    p.add_argument("--model", default=None, help="model name for a weights file, e.g. DiT-XL/2")
+    p.add_argument("--model", default=None, help="model of a weights file: a name such as DiT-XL/2, or a PaddleMIX DiT "
+                   "JSON / our YAML model config (then its sample_size and classes are used)")
     p.add_argument("--image-size", type=int, default=None, help="pixel size for a weights file (256 or 512)")
     p.add_argument("--num-classes", type=int, default=1000, help="classes of a weights file")
     p.add_argument("--vae", default=None, help=f"VAE id or folder, overriding the recorded one (weights files: {DEFAULT_VAE})")

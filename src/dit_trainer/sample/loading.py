@@ -3,11 +3,14 @@
 from pathlib import Path
 
 from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.model_file import is_model_file, load_model_file
 from dit_trainer.sample.decode import DEFAULT_VAE
 
 
 def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_ema=True):
-    """(eval-mode model, Config) from a checkpoint dir with config.yaml, a run dir, or an original DiT file."""
+    """(eval-mode model, Config) from a checkpoint dir with config.yaml, a run dir, or an original DiT file.
+
+    `model_name` is a registered name or a model config file (PaddleMIX DiT JSON, our YAML)."""
     from dit_trainer.checkpoint import latest_checkpoint, load_into, load_weights
     from dit_trainer.config import Config, load_config, validate
     from dit_trainer.models import get_spec
@@ -21,10 +24,15 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         if latest is None:
             raise CheckpointError(f"{ckpt} has no config.yaml; pass a checkpoint directory like OUTPUT_DIR/checkpoints/step-00001000")
         path = latest
+    from_file = bool(model_name) and is_model_file(model_name)
     if path.is_dir():
         cfg = load_config(str(path / "config.yaml"))
-        if model_name and get_spec(model_name).name != get_spec(cfg.model.name).name:
+        if from_file:
+            _check_same(cfg, model_name, path)
+        elif model_name and get_spec(model_name).name != get_spec(cfg.model.name).name:
             raise ConfigError(f"--model {model_name} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
+    elif from_file:
+        cfg = _from_model_file(model_name, image_size)
     else:
         if not model_name:
             raise ConfigError(f"--ckpt {ckpt} is a weights file: pass --model (e.g. DiT-XL/2) and --image-size too")
@@ -42,3 +50,37 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
     model = spec.build_model_fn(cfg)
     load_into(model, spec.from_released(load_weights(path, prefer_ema=prefer_ema)), path)
     return model.eval(), cfg
+
+
+def _from_model_file(model_file, image_size=None):
+    """Config of a weights file whose model a PaddleMIX JSON / our YAML describes (its classes and size)."""
+    from dit_trainer.config import config_from_dict
+
+    cfg = config_from_dict({"model": load_model_file(model_file)})
+    latent = cfg.model.in_channels == 4  # SD's VAE latents; 1 or 3 channels are pixels
+    size = int(image_size or cfg.model.input_size * (8 if latent else 1))
+    if latent and size != cfg.model.input_size * 8:
+        raise ConfigError(f"--image-size {size} does not fit {model_file} (sample_size {cfg.model.input_size} latents "
+                          f"are {cfg.model.input_size * 8} px); drop --image-size")
+    cfg.data.image_size, cfg.data.vae = size, DEFAULT_VAE if latent else None
+    return cfg
+
+
+def _check_same(cfg, model_file, path) -> None:
+    """A model file given with a checkpoint folder must describe the model its config.yaml records."""
+    from dit_trainer.config import config_from_dict
+
+    model = config_from_dict({"model": load_model_file(model_file)}).model
+    want, have = model_dict_of(model), model_dict_of(cfg.model)
+    keys = ["name", "input_size", "in_channels", "num_classes", "learn_sigma", *model.options]
+    differ = [k for k in keys if str(want.get(k)).lower() != str(have.get(k)).lower()]
+    if differ:
+        raise ConfigError(f"--model {model_file} ({', '.join(f'{k} {want.get(k)}' for k in differ)}) conflicts with "
+                          f"{path}/config.yaml ({', '.join(f'{k} {have.get(k)}' for k in differ)}); drop --model")
+
+
+def model_dict_of(model) -> dict:
+    """A ModelConfig's shared fields and family options as one dict."""
+    import dataclasses
+
+    return {**{f.name: getattr(model, f.name) for f in dataclasses.fields(model) if f.name != "options"}, **model.options}

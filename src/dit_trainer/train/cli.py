@@ -43,7 +43,7 @@ def add_commands(sub) -> None:
         usage="dit train [-h] [--config FILE] [--print-config] [--section.field VALUE ...]",
         allow_abbrev=False,
     )
-    p.add_argument("--config", default=None, help="YAML config (see configs/)")
+    p.add_argument("--config", default=None, help="YAML or JSON config (see configs/), or a PaddleMIX DiT model JSON")
     p.add_argument("--print-config", action="store_true", help="print the merged config as YAML and exit")
     groups = {}
     for doc in config_docs():

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.config import as_config, validate
-from dit_trainer.devices import resolve_device
+from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import ConfigError, DivergenceError
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
@@ -51,6 +51,8 @@ class DiTTrainer:
         self.dims = init_distributed(cfg.parallel, self.device)
         if self.device.type == "cuda" and self.dims.distributed:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device.type == "cuda":
+            enable_tf32()
         self._check_layout()
         self.amp_dtype = resolve_amp_dtype(cfg.train.mixed_precision, self.device)
         torch.manual_seed(cfg.train.seed)

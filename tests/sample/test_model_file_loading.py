@@ -1,0 +1,51 @@
+"""`dit sample --ckpt weights.pt --model X.json`: the model, its latent size and classes from a PaddleMIX JSON."""
+
+import json
+
+import pytest
+import torch
+
+import dit_trainer.sample.loading as L
+from dit_trainer.errors import ConfigError
+from dit_trainer.model_file import load_model_file
+
+TINY_JSON = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16, "sample_size": 8,
+             "patch_size": 2, "in_channels": 4, "out_channels": 8, "num_embeds_ada_norm": 10}
+
+
+@pytest.fixture
+def pt_and_json(tmp_path):
+    from dit_trainer.convert.model_config import build_dit
+
+    path = tmp_path / "DiT.json"
+    path.write_text(json.dumps(TINY_JSON))
+    torch.manual_seed(0)
+    model = build_dit(load_model_file(path))
+    with torch.no_grad():
+        model.y_embedder.embedding_table.weight.normal_()
+    torch.save({"ema": model.state_dict()}, tmp_path / "tiny.pt")
+    return tmp_path / "tiny.pt", path, model
+
+
+def test_weights_file_with_model_json(pt_and_json):
+    pt, js, want = pt_and_json
+    model, cfg = L.load_model(pt, str(js))
+    assert (cfg.model.depth, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.num_classes) == (2, 32, 2, 10)
+    assert cfg.data.image_size == 64 and cfg.data.vae == L.DEFAULT_VAE  # 8x8 latents of SD's VAE
+    assert torch.equal(model.y_embedder.embedding_table.weight, want.y_embedder.embedding_table.weight)
+    with pytest.raises(ConfigError, match="--image-size 256 does not fit"):
+        L.load_model(pt, str(js), image_size=256)
+
+
+def test_checkpoint_folder_and_json_must_agree(pt_and_json, tmp_path):
+    from dit_trainer.convert import Bundle, write
+
+    pt, js, want = pt_and_json
+    folder = write("ours", Bundle(state_dict=want.state_dict(), model=load_model_file(js)), tmp_path / "ckpt")
+    model, _ = L.load_model(folder, str(js))  # the JSON it was trained from
+    assert len(model.blocks) == 2
+    other = tmp_path / "wide.json"
+    other.write_text(json.dumps({**TINY_JSON, "attention_head_dim": 32}))
+    with pytest.raises(ConfigError) as err:
+        L.load_model(folder, str(other))
+    assert "hidden_size 64" in str(err.value) and "hidden_size 32" in str(err.value) and "\n" not in str(err.value)
