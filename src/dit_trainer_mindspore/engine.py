@@ -24,7 +24,7 @@ class MindSporeEngine:
 
     def __init__(self, config, jit=None):
         self.cfg = cfg = as_config(config)
-        jit = cfg.train.compile if jit is None else jit
+        jit = str(cfg.train.compile).lower() == "true" if jit is None else jit
         if cfg.objective != "diffusion":
             raise ConfigError(f"objective {cfg.objective!r} is not supported with backend mindspore; use diffusion")
         if cfg.train.mixed_precision == "fp16" or cfg.train.grad_accum_steps != 1:

@@ -135,3 +135,28 @@ def test_compile_composes_with_activation_checkpointing():
         # Inductor's attention backward reorders sums; the near-uniform attention of this tiny
         # model makes the small qkv gradients cancel, so compare per-tensor norms of the error.
         assert (grads[n] - ref_grads[n]).norm() <= 0.05 * ref_grads[n].norm() + 1e-7, n
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+def test_compiled_blocks_share_one_graph_and_never_recompile_for_a_new_batch():
+    """A last partial batch or a doubled CFG batch must neither recompile nor fall back to eager."""
+    from torch._dynamo.utils import counters
+
+    from dit_trainer.parallel import apply_compile
+
+    model = _tiny()
+    apply_compile(list(model.blocks))
+    counters.clear()
+
+    def step(batch):
+        g = torch.Generator().manual_seed(batch)
+        x = torch.randn(batch, 4, 8, 8, generator=g)
+        t, y = torch.randint(0, 1000, (batch,), generator=g), torch.randint(0, 10, (batch,), generator=g)
+        model(x, t, y).square().mean().backward()
+
+    step(4)
+    assert counters["stats"]["unique_graphs"] == 1  # every block runs the one graph
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch in (3, 8, 5):
+            step(batch)
+    assert counters["stats"]["unique_graphs"] == 1

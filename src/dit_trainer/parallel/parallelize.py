@@ -33,7 +33,7 @@ def parallelize_units(model: nn.Module, units, dims, cfg, tp_fn=None, param_dtyp
     ac_mode = getattr(train, "activation_checkpointing", "none")
     if ac_mode and ac_mode != "none":
         apply_ac(units, ac_mode)
-    if getattr(train, "compile", False):
+    if str(getattr(train, "compile", False)).lower() == "true":
         apply_compile(units)
     # DDP does not compose with TP's DTensors or with PP's many forwards before one backward:
     # replicas beside TP/PP are FSDP2 with a shard group of one (HSDP), which does.
@@ -112,9 +112,14 @@ def apply_ac(units, mode: str) -> None:
 
 
 def apply_compile(units) -> None:
-    """torch.compile each unit in place: units repeat, so one graph serves them all."""
+    """torch.compile each unit in place: units repeat, so one graph serves them all.
+
+    Sizes are compiled as symbols from the first call (parameters stay static): a last partial
+    batch, a doubled classifier-free-guidance batch or another sampling grid reuses the graph
+    instead of recompiling, or, past dynamo's cache limit, silently falling back to eager.
+    """
     for block in units:
-        block.compile()
+        block.compile(dynamic=True)
 
 
 # ---------------------------------------------------------------------------------------------

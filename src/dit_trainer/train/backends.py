@@ -31,3 +31,26 @@ def other_engine(cfg):
         raise ConfigError(f"backend mindspore needs MindSpore ({err}); pip install 'dit-trainer[mindspore]' "
                           "in an environment with numpy<2, or see scripts/mindspore_env.sh") from None
     return MindSporeEngine(cfg)
+
+
+# `train.compile auto` compiles when the run repays the compile: on CPU the first per-block compile
+# of a DiT takes about a minute and a compiled step of DiT-S/2 is ~15% faster
+# (benchmarks/train_step.py), so small models and short runs (tests, the digits demo) stay eager.
+AUTO_COMPILE_MIN_STEPS = 1000
+AUTO_COMPILE_MIN_PARAMS = 10_000_000
+
+
+def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:
+    """`train.compile` as a decision: true/false as given; auto by run length, model size and platform."""
+    choice = str(cfg.train.compile).lower()
+    if choice != "auto":
+        return choice == "true"
+    if not has_plan or not torch._dynamo.is_dynamo_supported():
+        return False
+    if device.type == "cpu":
+        import shutil
+
+        if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang", "g++", "c++")):
+            return False  # inductor writes C++ on CPU
+    n_params = sum(p.numel() for p in model.parameters())
+    return cfg.train.max_steps >= AUTO_COMPILE_MIN_STEPS and n_params >= AUTO_COMPILE_MIN_PARAMS

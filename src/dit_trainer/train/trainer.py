@@ -25,7 +25,7 @@ from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
 from dit_trainer.train import checkpointing, loop
-from dit_trainer.train.backends import other_engine, resolve_amp_dtype
+from dit_trainer.train.backends import other_engine, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.ema import ema_decay_at
 from dit_trainer.train.signals import StopSignals
 
@@ -67,6 +67,9 @@ class DiTTrainer:
         # Counted on the whole model, before parallelism splits its weights.
         self.flops_per_image = self.spec.flops_fn(model) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
+        # auto becomes true/false here, so the run folder's config.yaml (and a resume) says which.
+        compiled = resolve_compile(cfg, model, self.device, self.spec.parallelize_fn is not None)
+        cfg.train.compile = "true" if compiled else "false"
         self.objective = build_objective(cfg)
         self._pp = None
         self.model_parts = self._parallelize(model)
@@ -124,7 +127,7 @@ class DiTTrainer:
         """The model family's plan on this layout; returns this rank's model parts."""
         spec, dims, cfg = self.spec, self.dims, self.cfg
         if spec.parallelize_fn is None:
-            if dims.distributed or cfg.train.activation_checkpointing != "none" or cfg.train.compile:
+            if dims.distributed or cfg.train.activation_checkpointing != "none" or cfg.train.compile == "true":
                 raise ConfigError(f"model {spec.name} has no parallel plan; run it on one process without AC or compile")
             return [model]
         parallelize = functools.partial(spec.parallelize_fn, param_dtype=self.amp_dtype or torch.float32)

@@ -1,0 +1,47 @@
+"""`train.compile auto`: compiled only where the run repays the compile."""
+
+import pytest
+import torch
+
+from dit_trainer.config import config_from_dict
+from dit_trainer.errors import ConfigError
+from dit_trainer.train.backends import AUTO_COMPILE_MIN_PARAMS, AUTO_COMPILE_MIN_STEPS, resolve_compile
+
+
+def _model(n_params):
+    return torch.nn.Linear(n_params, 1, bias=False)  # n_params weights
+
+
+@pytest.mark.parametrize("choice,expected", [("true", True), ("false", False), (True, True), (False, False)])
+def test_explicit_choice_wins(choice, expected):
+    cfg = config_from_dict({"train": {"compile": choice, "max_steps": 1}})
+    assert cfg.train.compile == str(choice).lower()
+    assert resolve_compile(cfg, _model(4), torch.device("cpu"), has_plan=True) is expected
+
+
+def test_auto_compiles_only_long_runs_of_big_models(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
+    big, small = _model(AUTO_COMPILE_MIN_PARAMS), _model(AUTO_COMPILE_MIN_PARAMS - 1)
+    long_run = config_from_dict({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS}})
+    short_run = config_from_dict({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS - 1}})
+    assert long_run.train.compile == "auto"
+    cpu = torch.device("cpu")
+    assert resolve_compile(long_run, big, cpu, has_plan=True)
+    assert not resolve_compile(short_run, big, cpu, has_plan=True)
+    assert not resolve_compile(long_run, small, cpu, has_plan=True)
+    assert not resolve_compile(long_run, big, cpu, has_plan=False)  # a model family without a plan
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert not resolve_compile(long_run, big, cpu, has_plan=True)  # no C compiler for inductor
+
+
+def test_bad_choice_is_one_line():
+    with pytest.raises(ConfigError, match="train.compile 'sometimes' is not one of auto|true|false"):
+        config_from_dict({"train": {"compile": "sometimes"}})
+
+
+def test_trainer_records_the_decision(tmp_path):
+    from dit_trainer.train import DiTTrainer
+
+    trainer = DiTTrainer({"output_dir": str(tmp_path), "model": {"name": "DiT-S/2", "input_size": 8, "depth": 1,
+                          "hidden_size": 32, "num_heads": 2, "num_classes": 4}, "train": {"max_steps": 5}})
+    assert trainer.cfg.train.compile == "false"  # auto: five steps of a tiny model stay eager
