@@ -1,8 +1,8 @@
 """Speed, MFU and peak memory of `DiTTrainer.train_step`, per precision/compile/AC variant, against
 an fp32 baseline and a matmul peak measured in the same process.
 
-    python benchmarks/train_step.py                          # DiT-S/2, 32x32x4 latents, batch 32: fp32, bf16
-    python benchmarks/train_step.py --compile --ac           # adds bf16+compile and bf16+ac
+    python benchmarks/train_step.py                          # DiT-S/2, 32x32x4 latents, batch 32: a row per change
+    python benchmarks/train_step.py --model DiT-B/2 --batch-size 16
     python benchmarks/train_step.py --variants fp32,fp32+ac,bf16+compile+ac --device cuda
     python benchmarks/train_step.py --model DiT-B/2 --batch-size 64 --depth 4
 
@@ -22,8 +22,12 @@ an fp32 baseline and a matmul peak measured in the same process.
    each variant is re-run in a fresh process (`--only VARIANT`, 2 steps) and its VmHWM is reported;
    the header gives what such a process holds after its imports, before building the trainer.
 
-A variant is a precision (fp32 | bf16 | fp16) with optional "+compile" (`train.compile`: per-block
-`torch.compile`) and "+ac" (`train.activation_checkpointing full`). `orig-fp32` and `orig-bf16` are
+A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
+per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`), and two
+that undo one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul
+attention) and "+loopadam" (AdamW's per-parameter loop instead of the fused kernel). The default list
+adds the changes one at a time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile (what a run of
+1,000+ steps of a 10M+ parameter model does by default), then bf16+compile+sac. `orig-fp32` and `orig-bf16` are
 the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
 `training_losses` drawing t and noise inside, AdamW, EMA by a loop over named parameters), the
 second under one `torch.autocast(bfloat16)` around the forward and loss, as a user would add it.
@@ -31,6 +35,7 @@ Every row is also given as a ratio to both baselines when they ran.
 """
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -87,9 +92,36 @@ def parse_variant(name: str) -> dict:
     if name in ("orig-fp32", "orig-bf16"):
         return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True}
     precision, *mods = name.split("+")
-    if precision not in DTYPES or any(m not in ("compile", "ac") for m in mods):
-        raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +compile and/or +ac")
-    return {"name": name, "precision": precision, "compile": "compile" in mods, "ac": "ac" in mods}
+    if precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods):
+        raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +" + ", +".join(MODIFIERS))
+    return {"name": name, "precision": precision, "compile": "compile" in mods,
+            "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
+            "flash": "flash" in mods, "loopadam": "loopadam" in mods}
+
+
+# Variant modifiers. The last two undo one of the trainer's speed changes, so that a row per change
+# shows what it contributed: the CPU bf16 matmul attention (models/attention.py) and fused AdamW.
+MODIFIERS = {
+    "compile": "train.compile true (per-block torch.compile)",
+    "ac": "train.activation_checkpointing full",
+    "sac": "train.activation_checkpointing selective",
+    "flash": "PyTorch's fused SDPA kernel instead of the CPU reduced-precision matmul attention",
+    "loopadam": "AdamW's per-parameter loop instead of the fused kernel",
+}
+
+
+@contextlib.contextmanager
+def attention_kernel(variant):
+    """+flash: route attention to SDPA while this variant's trainer is built and run."""
+    import dit_trainer.models.attention as attention
+
+    keep = attention.use_matmul_kernel
+    if variant.get("flash"):
+        attention.use_matmul_kernel = lambda q: False
+    try:
+        yield
+    finally:
+        attention.use_matmul_kernel = keep
 
 
 def make_config(args, variant: dict) -> dict:
@@ -110,7 +142,7 @@ def make_config(args, variant: dict) -> dict:
             "device": args.device,
             "mixed_precision": variant["precision"],
             "compile": variant["compile"],
-            "activation_checkpointing": "full" if variant["ac"] else "none",
+            "activation_checkpointing": variant["ac"] or "none",
         },
         "logging": {"progress": False, "tensorboard": False},
     }
@@ -232,10 +264,19 @@ def build_trainer(args, variant):
         return OriginalLoop(args, variant, torch.device(args.device))
     from dit_trainer.train import DiTTrainer
 
-    return DiTTrainer(make_config(args, variant))
+    trainer = DiTTrainer(make_config(args, variant))
+    if variant.get("loopadam"):
+        for group in trainer.optimizer.param_groups:
+            group["fused"], group["foreach"] = False, False
+    return trainer
 
 
 def time_variant(args, variant: dict, device) -> dict:
+    with attention_kernel(variant):
+        return _time_variant(args, variant, device)
+
+
+def _time_variant(args, variant: dict, device) -> dict:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -271,9 +312,10 @@ def probe_memory(args, variant: dict, device) -> dict:
 
     batch = make_batch(args, device)
     base = proc_status_mib("VmRSS")
-    trainer = build_trainer(args, variant)
-    for _ in range(args.probe_steps):
-        trainer.train_step(batch)
+    with attention_kernel(variant):
+        trainer = build_trainer(args, variant)
+        for _ in range(args.probe_steps):
+            trainer.train_step(batch)
     return {"variant": variant["name"], "base_mib": base, "peak_mib": proc_status_mib("VmHWM")}
 
 
@@ -325,8 +367,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (at least 2 with compile)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: %(default)s)")
-    ap.add_argument("--compile", action="store_true", help="add the bf16+compile variant")
-    ap.add_argument("--ac", action="store_true", help="add the bf16+ac variant")
+    ap.add_argument("--fp32", action="store_true", help="add the fp32 variant to the default list")
+    ap.add_argument("--ac", action="store_true", help="add the bf16+compile+ac variant to the default list")
     ap.add_argument("--variants", default=None, help="comma-separated list instead, e.g. fp32,bf16,bf16+compile+ac")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--peak-reps", type=int, default=3, help="timed repetitions per matmul size")
@@ -345,7 +387,8 @@ def main():
         return
 
     names = (args.variants.split(",") if args.variants else
-             ["orig-fp32", "orig-bf16", "fp32", "bf16"] + ["bf16+compile"] * args.compile + ["bf16+ac"] * args.ac)
+             ["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16", "bf16+compile", "bf16+compile+sac"]
+             + ["fp32"] * args.fp32 + ["bf16+compile+ac"] * args.ac)
     variants = [parse_variant(n) for n in names]
     start = time.perf_counter()
     load_start = loadavg()
