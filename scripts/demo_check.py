@@ -51,7 +51,8 @@ def main(argv=None) -> int:
     """Run the demo, score it, print the numbers and return the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the demo's --seed")
-    p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion", help="the demo's --objective")
+    p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion",
+                   help="the demo's --objective")
     p.add_argument("--out", default=None, help="output folder; must not exist (default: a fresh temporary one)")
     p.add_argument("--max-seconds", type=float, default=180.0, help="wall-clock goal (default 180)")
     p.add_argument("--min", type=float, default=0.97, dest="min_share", help="recognised-share goal (default 0.97)")
