@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Does `dit demo` meet its promise: >= 97% recognisable digits in <= 3 minutes end to end?
 
-Usage: python scripts/demo_check.py [--seed 0] [--objective diffusion] [--out DIR] [--max-seconds 180] [--min 0.97]
+Usage: python scripts/demo_check.py [--seed 0] [--steps N] [--objective diffusion] [--out DIR] [--max-seconds 180]
+                                   [--min 0.97]
 
 Runs `dit demo` (as `python -m dit_trainer demo`, this checkout's src first on the path) in a
 subprocess with a fresh output folder, timing the whole command: interpreter start, imports,
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
     """Run the demo, score it, print the numbers and return the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the demo's --seed")
+    p.add_argument("--steps", type=int, default=None, help="the demo's --steps (default: the demo's own)")
     p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion",
                    help="the demo's --objective")
     p.add_argument("--out", default=None, help="output folder; must not exist (default: a fresh temporary one)")
@@ -68,10 +70,13 @@ def main(argv=None) -> int:
 
     from dit_trainer.demo import demo_config  # the numbers the subprocess will run with
 
-    train = demo_config(out, seed=args.seed, objective=args.objective)["train"]
+    steps = {} if args.steps is None else {"steps": args.steps}
+    train = demo_config(out, seed=args.seed, objective=args.objective, **steps)["train"]
     load_before = loadavg()
     cmd = [sys.executable, "-m", "dit_trainer", "demo", "--out", str(out), "--seed", str(args.seed),
            "--objective", args.objective, "--no-progress"]
+    if args.steps is not None:
+        cmd += ["--steps", str(args.steps)]
     t0 = time.perf_counter()
     demo = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0

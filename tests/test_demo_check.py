@@ -48,8 +48,9 @@ def test_verdict_follows_the_share(tmp_path, monkeypatch, capsys, share, expecte
 def test_time_goal_is_checked(tmp_path, monkeypatch, capsys):
     module = _load()
     _stub(module, monkeypatch, 1.0)
-    assert module.main(["--out", str(tmp_path / "run"), "--max-seconds", "0"]) == 1
-    assert "goal <= 0 s  MISSED" in capsys.readouterr().out
+    assert module.main(["--out", str(tmp_path / "run"), "--max-seconds", "0", "--steps", "7"]) == 1
+    out = capsys.readouterr().out
+    assert "goal <= 0 s  MISSED" in out and "7 steps, batch 64" in out
 
 
 def test_failed_demo_and_existing_folder_are_errors(tmp_path, monkeypatch, capsys):
