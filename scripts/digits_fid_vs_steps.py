@@ -4,7 +4,7 @@
 
 First the yardsticks: 1,000 real digits (a fixed random draw) split in two halves of 500, and 500
 real digits against 500 uniform-noise images. Then it trains the demo once per step count (its config, seed 0), draws per-class × 10 samples as the demo
-does (DDIM 50, guidance 4), writes them as arr_0 uint8 N×16×16×3 and runs `dit eval --network
+does (DDIM 25, guidance 4), writes them as arr_0 uint8 N×16×16×3 and runs `dit eval --network
 digits --ref digits` on them; then samples the same number with `dit sample-ddp` (uniform labels,
 guidance 1.5, DDIM 50) and evaluates those. Prints two lines per step count.
 """

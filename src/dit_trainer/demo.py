@@ -10,11 +10,15 @@ from pathlib import Path
 
 from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it here)
 
-DEMO_STEPS = 2000
+# 1,400 steps: 100% recognised with seeds 0 and 1 (as at 1,600), in ~20 s less than 1,600 takes.
+DEMO_STEPS = 1400
 
 
 def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusion") -> dict:
     """The demo's config: a small DiT-S/4-shaped model sized for two CPU cores.
+
+    Tuned so that the whole `dit demo` stays under 3 minutes on two cores with >= 97% of the
+    samples recognised (`python scripts/demo_check.py` measures both).
 
     `objective="transport"` trains the same network as SiT: a linear interpolant with velocity
     prediction, sampled by the probability-flow ODE.
@@ -22,7 +26,7 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
     return {
         "output_dir": str(out),
         "objective": objective,
-        # A fixed-step 2nd-order ODE solver: logging.sample_steps (50) midpoint steps suffice for 16x16 digits.
+        # A fixed-step 2nd-order ODE solver: logging.sample_steps (25) midpoint steps for 16x16 digits.
         "transport": {"path_type": "Linear", "prediction": "velocity", "ode_method": "midpoint"},
         "model": {"name": "DiT-S/4", "input_size": 16, "in_channels": 1, "num_classes": 10,
                   "depth": 4, "hidden_size": 192, "num_heads": 4, "learn_sigma": False, "class_dropout_prob": 0.1},
@@ -30,11 +34,18 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
         # better class fidelity at the same cost (0.81 vs 0.78 recognised at 1500 steps).
         "diffusion": {"num_timesteps": 1000, "noise_schedule": "cosine"},
         "data": {"path": "digits", "digits_size": 16, "num_workers": 0, "random_flip": False},
-        "optim": {"lr": 1e-3, "warmup_steps": 100, "max_grad_norm": 1.0},
+        # 2e-3 rather than 1e-3: at 1,750 steps (guidance 12, no EMA) 100% recognised instead of 98%.
+        "optim": {"lr": 2e-3, "warmup_steps": 100, "max_grad_norm": 1.0},
+        # fp32: bf16 autocast is no faster at width 192 on the 2-core CPU (0.116 vs 0.118 s/step).
+        # No EMA (decay 0: the EMA is the raw weights): the model still improves fast at the end of
+        # so short a run, and averaging lags it (1,750 steps, guidance 12: 95% with decay 0.99,
+        # 98% without; 1,600 steps: 88% with 0.995, 96% without).
         "train": {"max_steps": int(steps), "global_batch_size": 64, "seed": int(seed), "mixed_precision": "fp32",
-                  "ema_decay": 0.999, "ema_warmup": True},
-        "checkpoint": {"save_steps": 500, "save_total_limit": 1},
-        "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 50,
+                  "ema_decay": 0.0, "ema_warmup": True},
+        "checkpoint": {"save_steps": 1000, "save_total_limit": 1},
+        # 25 DDIM steps scored as 50 and 100 did, in half the sampling time. Guidance 4: on this
+        # config's model 4, 6, 8 and 12 all gave 100%, and 4 keeps the most variety within a row.
+        "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 25,
                     "sample_cfg_scale": 4.0, "samples_per_class": 10},
     }
 
