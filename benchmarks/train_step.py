@@ -29,7 +29,8 @@ attention) and "+loopadam" (AdamW's per-parameter loop instead of the fused kern
 adds the changes one at a time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile (what a run of
 1,000+ steps of a 10M+ parameter model does by default), then bf16+compile+sac. `orig-fp32` and `orig-bf16` are
 the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
-`training_losses` drawing t and noise inside, AdamW, EMA by a loop over named parameters), the
+`training_losses` drawing t and noise inside, attention through PyTorch's SDPA as timm's `Attention`
+computes it, AdamW, EMA by a loop over named parameters), the
 second under one `torch.autocast(bfloat16)` around the forward and loss, as a user would add it.
 Every row is also given as a ratio to both baselines when they ran.
 """
@@ -90,7 +91,8 @@ def cpu_name() -> str:
 
 def parse_variant(name: str) -> dict:
     if name in ("orig-fp32", "orig-bf16"):
-        return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True}
+        # The release's Attention is timm's, which calls F.scaled_dot_product_attention: so does the baseline.
+        return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True, "flash": True}
     precision, *mods = name.split("+")
     if precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods):
         raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +" + ", +".join(MODIFIERS))
@@ -112,7 +114,7 @@ MODIFIERS = {
 
 @contextlib.contextmanager
 def attention_kernel(variant):
-    """+flash: route attention to SDPA while this variant's trainer is built and run."""
+    """+flash (and the orig-* baselines): route attention to SDPA while the variant is built and run."""
     import dit_trainer.models.attention as attention
 
     keep = attention.use_matmul_kernel
@@ -291,7 +293,18 @@ def _time_variant(args, variant: dict, device) -> dict:
     sync(device)
     warm_s = time.perf_counter() - t0
     times = []
-    for _ in range(args.steps):
+    deferred = getattr(trainer, "deferred", None)
+    if deferred is not None:
+        # train.host_sync log (auto on a GPU): what train() runs; the host queues the steps without
+        # waiting, so they are timed together, up to the log step that reads them.
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.deferred_step(batch)
+        deferred.flush(trainer)
+        sync(device)
+        times = [(time.perf_counter() - t0) / args.steps] * args.steps
+    for _ in range(args.steps if deferred is None else 0):
         sync(device)
         t0 = time.perf_counter()
         trainer.train_step(batch)  # returns .item() floats: the step is finished on return
@@ -423,7 +436,8 @@ def main():
                 f"peak mem = VmHWM of a fresh process running the variant for {args.probe_steps} steps "
                 f"(it holds {rows[0].get('base_mib', float('nan')):.0f} MiB after imports)" if "peak_mib" in rows[0] else
                 "peak mem not measured (--no-memory)")
-    print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (2 with compile); "
+    print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (2 with compile; "
+          "where train.host_sync is log, as on a GPU, the mean of the steps timed together as train() runs them); "
           f"MFU = achieved / matmul peak of the compute dtype; {mem_note}")
     medians = {r["variant"]: statistics.median(r["times"]) for r in rows}
     mem = {r["variant"]: r["peak_mib"] for r in rows if "peak_mib" in r}
