@@ -96,6 +96,7 @@ class TrainConfig:
     compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
+    host_sync: str = "auto"  # step | log | auto: read loss and checks every step, or only at log steps (no device wait per step); auto: log on a GPU
 
 
 @dataclass

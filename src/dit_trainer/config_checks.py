@@ -53,6 +53,7 @@ _NAMES = {
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
+    "train.host_sync": ("auto", "step", "log"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
 }

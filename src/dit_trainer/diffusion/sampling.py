@@ -230,7 +230,8 @@ class SamplingMixin:
         if progress:
             indices = tqdm(indices)
         for i in indices:
-            t = torch.tensor([i] * shape[0], device=device)
+            # A fill on the device: torch.tensor(list, device=cuda) is a blocking copy, a host wait per step.
+            t = torch.full((shape[0],), i, device=device, dtype=torch.long)
             with torch.no_grad():
                 out = step(model, img, t, **step_kwargs)
                 yield out

@@ -28,9 +28,14 @@ class ShardedEMA:
         return self._cached
 
     @torch.no_grad()
-    def update(self, decay: float) -> None:
-        """One EMA step; decay=0 copies the parameters."""
+    def update(self, decay: float, skip=None) -> None:
+        """One EMA step; decay=0 copies the parameters; `skip`, a 0-d tensor, leaves the EMA as it is where 1."""
         ema, params = self._pairs()
+        if skip is not None:
+            # Decided on the device (train.host_sync log): ema + w (param - ema), w = 0 when skipped.
+            weight = (1.0 - decay) * (1.0 - skip.float())
+            torch.ops.aten._foreach_lerp_.List(ema, params, [weight] * len(ema))
+            return
         if decay == 0.0:
             torch._foreach_copy_(ema, params)
             return

@@ -21,6 +21,24 @@ def resolve_amp_dtype(name: str, device: torch.device):
     raise ConfigError(f"train.mixed_precision {name!r} is not one of bf16, fp16, fp32")
 
 
+def fused_adamw(device: torch.device, params, sharded: bool):
+    """AdamW's `fused` argument: True where the fused kernel runs, else None (torch's default).
+
+    On one process the fused kernel always runs: on CPU the default per-parameter loop costs as
+    much as a DiT-S step's backward. On CUDA it also runs on DDP's plain and FSDP's DTensor
+    parameters (what torchtitan does), and it is what lets `train.host_sync log` mask a bad
+    step on the device. A mix of DTensor and plain parameters (TP leaves the embedders whole)
+    fits no multi-tensor kernel; gloo layouts on CPU keep the default, which they were tested with.
+    The choice depends on the layout only, so every rank's optimizer state has one form.
+    """
+    from dit_trainer.parallel.utils import is_dtensor
+
+    if not sharded:
+        return True
+    kinds = {is_dtensor(p) for p in params}
+    return True if device.type == "cuda" and len(kinds) == 1 else None
+
+
 def other_engine(cfg):
     """The engine of a non-torch `backend` (only "mindspore": the dit-trainer[mindspore] extra)."""
     if cfg.backend != "mindspore":

@@ -37,18 +37,27 @@ def run(trainer) -> dict:
     t0, step0 = time.perf_counter(), trainer.step
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
+    deferred = trainer.deferred  # train.host_sync log: results are read at log steps only
     while trainer.step < cfg.train.max_steps:
-        out = trainer.train_step(next(trainer._loader))
-        if not out.get("skipped"):
-            running, n_running = running + out["loss"], n_running + 1
+        if deferred is not None:
+            trainer.deferred_step(next(trainer._loader))
+            out = {}
+        else:
+            out = trainer.train_step(next(trainer._loader))
+            if not out.get("skipped"):
+                running, n_running = running + out["loss"], n_running + 1
+            bar.set_postfix(loss=f"{out['loss']:.4f}")
         bar.update(1)
-        bar.set_postfix(loss=f"{out['loss']:.4f}")
         if trainer.step % cfg.logging.log_steps == 0 or trainer.step == cfg.train.max_steps:
+            if deferred is not None:
+                out = deferred.flush(trainer)
+                running, n_running = out["loss"], 1
+                bar.set_postfix(loss=f"{out['loss']:.4f}")
             elapsed = time.perf_counter() - t0
             steps = trainer.step - step0
             last = {
                 "loss": running / n_running if n_running else float("nan"),
-                "lr": out["lr"],
+                "lr": trainer.lr_scheduler.get_last_lr()[0],
                 "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
                 "s_per_step": elapsed / max(steps, 1),
                 "peak_mem_gb": peak_memory_gb(trainer.device),
@@ -71,6 +80,9 @@ def run(trainer) -> dict:
             grid = trainer.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{trainer.step:08d}.png")
             if grid is not None:
                 logger.log_image(trainer.step, "samples", grid)
+        if deferred is not None and (trainer.step % cfg.checkpoint.save_steps == 0 or trainer.step == cfg.train.max_steps):
+            # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
+            deferred.read_pending(trainer)
         if trainer.step % cfg.checkpoint.save_steps == 0 or trainer.step == cfg.train.max_steps or trainer.stop_requested:
             trainer.save_checkpoint()
         if trainer.stop_requested:

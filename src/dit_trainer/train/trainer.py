@@ -10,23 +10,21 @@ a branch of the step, not another class.
 
 import contextlib
 import functools
-import warnings
 
 import torch
 import torch.nn as nn
 
 from dit_trainer.config import as_config, validate
 from dit_trainer.devices import enable_tf32, resolve_device
-from dit_trainer.errors import ConfigError, DivergenceError
+from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
-from dit_trainer.train import checkpointing, loop
-from dit_trainer.train.backends import other_engine, resolve_amp_dtype, resolve_compile
-from dit_trainer.train.ema import ema_decay_at
+from dit_trainer.train import checkpointing, host_sync, loop
+from dit_trainer.train.backends import fused_adamw, other_engine, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.signals import StopSignals
 
 
@@ -78,10 +76,6 @@ class DiTTrainer:
         self.ema = ShardedEMA(self.model_parts)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
-        # The fused kernel where it applies: on CPU the default per-parameter loop costs as much as
-        # a DiT-S step's backward. A mix of DTensor and plain parameters (TP leaves the embedders
-        # whole) fits neither fused nor foreach kernels, so sharded layouts keep the default.
-        # Decided for the whole run, not per rank, so every rank's optimizer state has one form.
         sharded_params = self.dims.distributed or any(is_dtensor(p) for p in params)
         self.optimizer = torch.optim.AdamW(
             params,
@@ -89,7 +83,7 @@ class DiTTrainer:
             weight_decay=cfg.optim.weight_decay,
             betas=(cfg.optim.beta1, cfg.optim.beta2),
             eps=cfg.optim.eps,
-            fused=not sharded_params or None,
+            fused=fused_adamw(self.device, params, sharded_params),
         )
         self._optimizer_kernels = {k: self.optimizer.param_groups[0][k] for k in ("fused", "foreach")}
         warmup = cfg.optim.warmup_steps
@@ -97,7 +91,12 @@ class DiTTrainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
         )
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.train.seed)
+        mode = host_sync.resolve_host_sync(cfg.train.host_sync, self.device, self.optimizer, self.scaler)
+        self.deferred = host_sync.DeferredChecks(self.device) if mode == "log" else None
+        # Draws come from a CPU generator on every device: a CUDA generator's draw of the timestep
+        # sampler's seed (.item()) would make the host wait for the device every step, and CPU and
+        # GPU runs of one seed now see the same noise.
+        self.generator = torch.Generator().manual_seed(cfg.train.seed)
         self.step = 0
         self.skipped_steps = 0  # updates skipped for a non-finite loss (train.skip_nonfinite_steps)
         self._signals = None  # StopSignals while train() runs
@@ -166,10 +165,11 @@ class DiTTrainer:
         return out.float()
 
     def _draw(self, global_batch: int):
-        """The objective's draws and the label-dropout mask for the whole global batch."""
-        draws = self.objective.draw(global_batch, self.sample_shape, self.generator, self.device)
+        """The objective's draws and the label-dropout mask for the whole global batch (on the CPU)."""
+        cpu = torch.device("cpu")
+        draws = self.objective.draw(global_batch, self.sample_shape, self.generator, cpu)
         p = self.cfg.model.class_dropout_prob
-        drop = (torch.rand(global_batch, generator=self.generator, device=self.device) < p).long()
+        drop = (torch.rand(global_batch, generator=self.generator) < p).long()
         return draws, drop
 
     def _prepare(self, batch):
@@ -180,18 +180,31 @@ class DiTTrainer:
         local = x.shape[0]
         lo = self.dims.dp_rank * local
         draws, drop = self._draw(local * self.dims.dp_size)
-        draws = {k: v[lo:lo + local] for k, v in draws.items()}
-        return x, y, draws, drop[lo:lo + local]
+        draws = {k: self._to_device(v[lo:lo + local]) for k, v in draws.items()}
+        return x, y, draws, self._to_device(drop[lo:lo + local])
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":
+            return t
+        # Pinned, so the copy is queued behind the step instead of waiting for it.
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
 
     def train_step(self, batch) -> dict:
         """One optimizer step on this rank's share of a global batch; returns floats."""
         if self._engine is not None:
             return self._engine.train_step(batch)
+        return self._finish_step(self._forward_backward(batch))
+
+    def _forward_backward(self, batch) -> torch.Tensor:
+        """The step's loss (on the device) with its gradients accumulated."""
         x, y, draws, drop = self._prepare(batch)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._pipelined_loss(x, y, draws, drop) if self._pp else self._accumulated_loss(x, y, draws, drop)
-        return self._finish_step(loss)
+        return self._pipelined_loss(x, y, draws, drop) if self._pp else self._accumulated_loss(x, y, draws, drop)
+
+    def deferred_step(self, batch) -> None:
+        """One step whose results stay on the device (train.host_sync log); `self.deferred.flush` reads them."""
+        self.deferred.finish_step(self, self._forward_backward(batch))
 
     def _accumulated_loss(self, x, y, draws, drop):
         local = x.shape[0]
@@ -246,63 +259,9 @@ class DiTTrainer:
         clip = self.spec.clip_grad_fn or clip_grad_norm_
         return clip([p for p in self.model.parameters()], max_norm, pp_group=pp_group)
 
-    def _agree(self, nonfinite: torch.Tensor) -> tuple:
-        """(any rank saw a non-finite value, any rank was asked to stop): one all-reduce, one sync per step."""
-        stop = float(self._signals is not None and self._signals.requested is not None)
-        flags = torch.stack([nonfinite.float(), torch.tensor(stop, device=nonfinite.device)])
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        bad, stop = flags.tolist()
-        return bad > 0, stop > 0
-
     def _finish_step(self, loss) -> dict:
-        """After backward: optimizer (with clipping), step count, EMA; the global-batch loss as floats.
-
-        A non-finite loss or gradient norm on any rank stops before the optimizer step, so the
-        weights (and the last checkpoint) stay good, or skips the update with train.skip_nonfinite_steps.
-        """
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        clip = self.cfg.optim.max_grad_norm
-        # Without clipping the norm is still taken (max_norm inf leaves the gradients as they are).
-        norm = self._clip_grads(clip if clip > 0 else float("inf"))
-        grad_norm = norm if clip > 0 else None
-        # GradScaler skips steps with inf gradients by itself; only the loss is checked then.
-        bad = ~torch.isfinite(loss.detach()).all()
-        if not self.scaler:
-            bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
-        bad, self.stop_requested = self._agree(bad)
-        if bad:
-            what = f"loss {self.dims.all_reduce_mean(loss).item()}, grad norm {float(norm)}"
-            if not self.cfg.train.skip_nonfinite_steps:
-                from dit_trainer.checkpoint import latest_checkpoint
-
-                last = latest_checkpoint(self.cfg.output_dir)
-                kept = f"{last} is intact" if last else "no checkpoint was written yet"
-                raise DivergenceError(f"non-finite {what} at step {self.step + 1}; the update was not applied and {kept}; "
-                                      "lower optim.lr, set optim.max_grad_norm, or set train.skip_nonfinite_steps true")
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler:
-                self.scaler.update()
-            with warnings.catch_warnings():
-                # The schedule follows the step count; torch warns when no optimizer step came first.
-                warnings.simplefilter("ignore", UserWarning)
-                self.lr_scheduler.step()
-            self.step += 1
-            self.skipped_steps += 1
-            return {"loss": float("nan"), "lr": self.lr_scheduler.get_last_lr()[0], "skipped": True}
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.lr_scheduler.step()
-        self.step += 1
-        self.ema.update(ema_decay_at(self.step - 1, self.cfg.train.ema_decay, self.cfg.train.ema_warmup))
-        out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
-        if grad_norm is not None:
-            out["grad_norm"] = float(grad_norm)
-        return out
+        """After backward: clip, check, update, EMA; the global-batch loss as floats (one host wait)."""
+        return host_sync.finish_step_now(self, loss)
 
     def _unwrapped(self):
         return getattr(self.model, "module", self.model)

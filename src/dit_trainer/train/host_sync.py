@@ -1,0 +1,188 @@
+"""Steps the host does not wait for: the loop's checks with one device sync per log step.
+
+On an accelerator the host queues work ahead of the device, and reading any result of a step
+(`loss.item()`, a non-finite flag) makes it wait until the device has finished that step, so
+the device idles while the host prepares the next one. With `train.host_sync log` every check
+stays on the device: the non-finite flag and the stop request are combined across ranks there
+(one all-reduce MAX), a bad step's update is masked there (the fused AdamW's `found_inf`, an EMA
+decay of 1), and the flags are copied to host memory without blocking. The host reads a step's
+flags during the next step, when they are long done, before that step's update is queued: a
+bad step k raises with the weights of step k - 1, as with per-step checks; a stop request is
+honoured one step later. The loss is summed on the device and read at log steps.
+"""
+
+import math
+import warnings
+
+import torch
+
+from dit_trainer.errors import ConfigError, DivergenceError
+from dit_trainer.train.ema import ema_decay_at
+
+MODES = ("auto", "step", "log")
+
+
+def optimizer_is_fused(optimizer) -> bool:
+    """Whether every parameter group runs the fused kernel (the one that takes `found_inf`)."""
+    return all(group.get("fused") for group in optimizer.param_groups)
+
+
+def resolve_host_sync(mode: str, device: torch.device, optimizer, scaler) -> str:
+    """`step` or `log`; auto is `log` on an accelerator with the fused AdamW, where the wait costs."""
+    fits = optimizer_is_fused(optimizer) and scaler is None
+    if mode == "log" and not fits:
+        why = "fp16's GradScaler" if scaler is not None else "the fused AdamW, which this layout does not run"
+        raise ConfigError(f"train.host_sync log needs {why}; set train.host_sync step (or auto)")
+    if mode == "auto":
+        return "log" if fits and device.type != "cpu" else "step"
+    return mode
+
+
+def _agree(trainer, nonfinite: torch.Tensor) -> tuple:
+    """(any rank saw a non-finite value, any rank was asked to stop): one all-reduce, one host wait."""
+    signals = trainer._signals
+    stop = float(signals is not None and signals.requested is not None)
+    flags = torch.stack([nonfinite.float(), torch.full((), stop, device=nonfinite.device)])
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    bad, stop = flags.tolist()
+    return bad > 0, stop > 0
+
+
+def _divergence(trainer, what: str, step: int) -> DivergenceError:
+    from dit_trainer.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(trainer.cfg.output_dir)
+    kept = f"{last} is intact" if last else "no checkpoint was written yet"
+    return DivergenceError(f"non-finite {what} at step {step}; the update was not applied and {kept}; "
+                           "lower optim.lr, set optim.max_grad_norm, or set train.skip_nonfinite_steps true")
+
+
+def finish_step_now(trainer, loss) -> dict:
+    """After backward (train.host_sync step): optimizer with clipping, step count, EMA; floats out.
+
+    A non-finite loss or gradient norm on any rank stops before the optimizer step, so the
+    weights (and the last checkpoint) stay good, or skips the update with train.skip_nonfinite_steps.
+    """
+    cfg = trainer.cfg
+    optimizer, scaler = trainer.optimizer, trainer.scaler
+    if scaler:
+        scaler.unscale_(optimizer)
+    clip = cfg.optim.max_grad_norm
+    # Without clipping the norm is still taken (max_norm inf leaves the gradients as they are).
+    norm = trainer._clip_grads(clip if clip > 0 else math.inf)
+    grad_norm = norm if clip > 0 else None
+    # GradScaler skips steps with inf gradients by itself; only the loss is checked then.
+    bad = ~torch.isfinite(loss.detach()).all()
+    if not scaler:
+        bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
+    bad, trainer.stop_requested = _agree(trainer, bad)
+    if bad:
+        what = f"loss {trainer.dims.all_reduce_mean(loss).item()}, grad norm {float(norm)}"
+        if not cfg.train.skip_nonfinite_steps:
+            raise _divergence(trainer, what, trainer.step + 1)
+        optimizer.zero_grad(set_to_none=True)
+        if scaler:
+            scaler.update()
+        with warnings.catch_warnings():
+            # The schedule follows the step count; torch warns when no optimizer step came first.
+            warnings.simplefilter("ignore", UserWarning)
+            trainer.lr_scheduler.step()
+        trainer.step += 1
+        trainer.skipped_steps += 1
+        return {"loss": float("nan"), "lr": trainer.lr_scheduler.get_last_lr()[0], "skipped": True}
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    trainer.lr_scheduler.step()
+    trainer.step += 1
+    trainer.ema.update(ema_decay_at(trainer.step - 1, cfg.train.ema_decay, cfg.train.ema_warmup))
+    out = {"loss": trainer.dims.all_reduce_mean(loss).item(), "lr": trainer.lr_scheduler.get_last_lr()[0]}
+    if grad_norm is not None:
+        out["grad_norm"] = float(grad_norm)
+    return out
+
+
+class DeferredChecks:
+    """Device-side loss sum, skip count and flags of the steps since the host last looked."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self.ok_steps = torch.zeros((), dtype=torch.float32, device=device)
+        self.grad_norm = None
+        self._pending = None  # (flags in host memory, event or None, the step they belong to)
+
+    def finish_step(self, trainer, loss: torch.Tensor) -> None:
+        """Clip, agree, mask and apply one step's update, queueing no host wait."""
+        cfg = trainer.cfg
+        clip = cfg.optim.max_grad_norm
+        norm = trainer._clip_grads(clip if clip > 0 else math.inf)
+        bad = ~torch.isfinite(loss.detach()).all() | ~torch.isfinite(norm.detach().to(self.device)).all()
+        signals = trainer._signals
+        stop = torch.full((), float(signals is not None and signals.requested is not None), device=self.device)
+        flags = torch.stack([bad.float(), stop])
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        # The previous step's flags are done by now; read them before this step's update is queued.
+        self.read_pending(trainer)
+        masked = flags[0]
+        trainer.optimizer.found_inf = masked
+        try:
+            trainer.optimizer.step()
+        finally:
+            trainer.optimizer.found_inf = None
+        with warnings.catch_warnings():
+            # The optimizer step came (masked or not); torch cannot tell a masked one from none.
+            warnings.simplefilter("ignore", UserWarning)
+            trainer.lr_scheduler.step()
+        trainer.step += 1
+        decay = ema_decay_at(trainer.step - 1, cfg.train.ema_decay, cfg.train.ema_warmup)
+        trainer.ema.update(decay, skip=masked)
+        ok = 1.0 - masked
+        self.loss_sum += torch.where(masked > 0, 0.0, loss.detach().float())
+        self.ok_steps += ok
+        if clip > 0:
+            self.grad_norm = norm.detach()
+        self._queue(flags, trainer.step)
+
+    def _queue(self, flags: torch.Tensor, step: int) -> None:
+        if self.device.type == "cpu":
+            self._pending = (flags, None, step)
+            return
+        host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=self.device.type == "cuda")
+        host.copy_(flags, non_blocking=True)
+        event = torch.Event(device=self.device)
+        event.record()
+        self._pending = (host, event, step)
+
+    def read_pending(self, trainer) -> None:
+        """Act on the last queued step's flags: raise on divergence, count a skip, note a stop."""
+        if self._pending is None:
+            return
+        host, event, step = self._pending
+        self._pending = None
+        if event is not None:
+            event.synchronize()
+        bad, stop = host.tolist()
+        if stop > 0:
+            trainer.stop_requested = True
+        if bad > 0:
+            if not trainer.cfg.train.skip_nonfinite_steps:
+                raise _divergence(trainer, "loss or grad norm", step)
+            trainer.skipped_steps += 1
+
+    def flush(self, trainer) -> dict:
+        """Read everything (one wait): the mean loss of the good steps since the last flush, the last norm."""
+        self.read_pending(trainer)
+        loss_sum = trainer.dims.all_reduce_mean(self.loss_sum)
+        values = torch.stack([loss_sum, self.ok_steps] + ([self.grad_norm.float()] if self.grad_norm is not None else []))
+        values = values.tolist()
+        self.loss_sum.zero_()
+        self.ok_steps.zero_()
+        out = {"loss": values[0] / values[1] if values[1] else float("nan")}
+        if len(values) > 2:
+            out["grad_norm"] = values[2]
+        return out
