@@ -68,7 +68,7 @@ run sdpa 30 "$py" "$here/gpu_check.py" sdpa
 xl=(--model DiT-XL/2 --input-size 32 --in-channels 4 --num-classes 1000 --device cuda --warmup 2 --steps 10 --peak-reps 2)
 run train_b32 75 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 32 --variants bf16+compile
 run train_b128 120 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 128 --variants bf16+compile,bf16+compile+ac
-run sampling 40 "$py" "$here/sampling.py" --device cuda --models DiT-XL/2 --batch-sizes "$sample_batch" \
+run sampling 40 "$py" "$here/sampling.py" --no-compile --device cuda --models DiT-XL/2 --batch-sizes "$sample_batch" \
   --dtype bf16 --steps 25 --reps 2 --no-diffusers
 if ((ngpu >= 2)); then
   par=(--device cuda --depth 28 --hidden 1152 --heads 16 --input 32 --precision bf16 --warmup 2 --steps 5)

@@ -1,6 +1,8 @@
 """Images/s of DDIM-25 sampling with classifier-free guidance 4.0: our sampler
 (`dit_trainer.sample.sample_latents`) vs diffusers' `DiTPipeline` on the same exported weights,
-in one process, same dtype, latents only (the VAE decode is left out of both).
+in one process, same dtype, latents only (the VAE decode is left out of both); then ours again
+with its forward compiled (`dit sample --compile`, what `auto` picks for FID-sized runs), timed
+after the first call, which compiles (its seconds are printed).
 
     python benchmarks/sampling.py                       # DiT-S/2 batch 4, DiT-B/2 batch 2, fp32, CPU
     python benchmarks/sampling.py --device cuda --batch-sizes 64,32 --dtype bf16
@@ -79,8 +81,8 @@ def _random_dit(name, seed=0):
     return model
 
 
-def bench(name, batch, steps, dtype, device, reps, with_diffusers=True):
-    """(ours images/s, diffusers images/s or None) for one model size."""
+def bench(name, batch, steps, dtype, device, reps, with_diffusers=True, compile=True):
+    """Images/s of ours, diffusers' and ours with `--compile` (and the compile's seconds) for one model size."""
     from dit_trainer.sample import sample_latents
 
     if with_diffusers:
@@ -99,9 +101,10 @@ def bench(name, batch, steps, dtype, device, reps, with_diffusers=True):
     model = model.to(device, dtype).eval()
     labels = [(207 + 13 * i) % 1000 for i in range(batch)]
 
-    def ours(n_steps=steps):
+    def ours(n_steps=steps, compile=False):
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            sample_latents(model, None, labels, cfg_scale=4.0, sampler="ddim", steps=n_steps, seed=0, device=device)
+            sample_latents(model, None, labels, cfg_scale=4.0, sampler="ddim", steps=n_steps, seed=0, device=device,
+                           compile=compile)
 
     def theirs(n_steps=steps):
         pipe(class_labels=labels, guidance_scale=4.0, num_inference_steps=n_steps,
@@ -109,11 +112,15 @@ def bench(name, batch, steps, dtype, device, reps, with_diffusers=True):
 
     ours(2)  # warm-up: kernels, allocator, lazy init
     t_ours = min(_timed(ours, device) for _ in range(reps))
-    if not with_diffusers:
-        return batch / t_ours, None
-    theirs(2)
-    t_theirs = min(_timed(theirs, device) for _ in range(reps))
-    return batch / t_ours, batch / t_theirs
+    out = {"ours": batch / t_ours}
+    if with_diffusers:
+        theirs(2)
+        out["theirs"] = batch / min(_timed(theirs, device) for _ in range(reps))
+    if compile:
+        # Last, since it compiles the model's forward in place; its first call is the compile.
+        out["compile_s"] = _timed(lambda: ours(2, compile=True), device)
+        out["compiled"] = batch / min(_timed(ours, device) for _ in range(reps))
+    return out
 
 
 def main() -> int:
@@ -126,6 +133,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-diffusers", action="store_true", help="time our sampler only (no diffusers needed)")
+    p.add_argument("--no-compile", action="store_true", help="leave out the compiled row (`dit sample --compile true`)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -144,14 +152,18 @@ def main() -> int:
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} torch {torch.__version__} diffusers {theirs_version} {gpu}"
           f"{platform.processor() or platform.machine()} {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
           f"load {load:.1f}; DDIM-{args.steps}, CFG 4.0, 32x32x4 latents, {args.dtype}, {args.device}, no VAE decode")
-    print("| model | batch | ours img/s | diffusers DiTPipeline img/s | ours / diffusers |")
-    print("|---|---|---|---|---|")
+    print("| model | batch | ours img/s | diffusers DiTPipeline img/s | ours / diffusers "
+          "| ours compiled img/s | compiled / diffusers | compile s |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for name, batch in zip(models, batches):
-        ours, theirs = bench(name, batch, args.steps, dtype, device, args.reps, with_diffusers=not args.no_diffusers)
-        if theirs is None:
-            print(f"| {name} | {batch} | {ours:.3g} | - | - |", flush=True)
-        else:
-            print(f"| {name} | {batch} | {ours:.3g} | {theirs:.3g} | {ours / theirs:.2f}x |", flush=True)
+        r = bench(name, batch, args.steps, dtype, device, args.reps, with_diffusers=not args.no_diffusers,
+                  compile=not args.no_compile)
+        theirs, compiled = r.get("theirs"), r.get("compiled")
+        cells = [name, batch, f"{r['ours']:.3g}", f"{theirs:.3g}" if theirs else "-",
+                 f"{r['ours'] / theirs:.2f}x" if theirs else "-", f"{compiled:.3g}" if compiled else "-",
+                 f"{compiled / theirs:.2f}x" if compiled and theirs else "-",
+                 f"{r['compile_s']:.0f}" if compiled else "-"]
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
     return 0
 
 

@@ -48,7 +48,7 @@ def test_summary_of_real_outputs(tmp_path):
                    "8", "--batch-size", "2", "--variants", "bf16", "--peak-reps", "1", "--no-memory", "--threads",
                    "1", "--device", "cpu", *tiny)
     sampling = _bench(tmp_path, "sampling", "sampling.py", "--models", "DiT-S/2", "--batch-sizes", "1", "--steps",
-                      "2", "--no-diffusers", "--threads", "1")
+                      "2", "--no-diffusers", "--no-compile", "--threads", "1")
     single = _bench(tmp_path, "fsdp_1", "parallel.py", "--world-sizes", "1", "--layouts", "single", "--hidden", "64",
                     "--heads", "2", "--input", "8", "--batch", "4", *tiny)
     (tmp_path / "status").write_text("train_b32 ok\ntrain_b128 timeout (after 120s)\nsampling ok\nfsdp_1 ok\n")

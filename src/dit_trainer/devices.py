@@ -33,3 +33,16 @@ def enable_tf32() -> None:
     # the legacy flags (inductor reads `matmul.allow_tf32`) raise "mix of the legacy and new APIs".
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+
+
+def compile_supported(device) -> bool:
+    """Whether torch.compile can run here: dynamo on this platform and, on CPU, a C compiler (inductor writes C++)."""
+    import shutil
+
+    import torch
+
+    if not torch._dynamo.is_dynamo_supported():
+        return False
+    if getattr(device, "type", device) == "cpu":
+        return any(shutil.which(cc) for cc in ("cc", "gcc", "clang", "g++", "c++"))
+    return True

@@ -88,8 +88,11 @@ class DiTPipeline:
 
     @torch.no_grad()
     def __call__(self, class_labels, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
-                 sampler="ddim", output_type="pil", progress=False):
-        """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1]."""
+                 sampler="ddim", output_type="pil", progress=False, compile=False):
+        """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1].
+
+        `compile=True` compiles the model's forward on the first call (about a minute), for many calls.
+        """
         from dit_trainer.sample import sample_latents, to_images, to_uint8
 
         if output_type not in ("pil", "np"):
@@ -100,7 +103,7 @@ class DiTPipeline:
             seed = _seed_from(generator, (len(labels), self.model.in_channels, size, size))
         samples = sample_latents(self.model, self.cfg, labels, cfg_scale=guidance_scale, sampler=sampler,
                                  steps=int(num_inference_steps), seed=int(seed or 0), device=self.device,
-                                 progress=progress)
+                                 progress=progress, compile=compile)
         images = to_images(samples, *self.decoder).cpu()
         if output_type == "np":
             return ((images + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()

@@ -47,6 +47,9 @@ def add_sampling_arguments(p) -> None:
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
+                   help="torch.compile the model's forward first (about a minute once); auto: when the run makes "
+                        "1000+ model calls of a 10M+ parameter model, e.g. an FID batch")
     t = p.add_argument_group("transport sampling (SiT; defaults from the run's transport: section)")
     t.add_argument("--ode-method", default=None, help="torchdiffeq method: euler, midpoint, rk4, dopri5, heun3, ...")
     t.add_argument("--atol", type=float, default=None, help="ODE absolute tolerance (adaptive methods)")
@@ -125,8 +128,12 @@ def run(args) -> int:
     decoder = load_decoder(cfg, args.vae, device, args.vae_dtype)
     if decoder[0] is None and model.in_channels not in (1, 3):
         raise _no_vae_error(model.in_channels)
+    from dit_trainer.sample.compile import resolve_sample_compile
+
+    batches = (-(-args.num_samples // args.batch_size) if args.npz else 0) + (1 if args.out or not args.npz else 0)
+    compiled = resolve_sample_compile(args.compile, model, batches * (args.steps or 50), device)
     common = dict(cfg_scale=args.cfg_scale, sampler=sampler, steps=args.steps, device=device,
-                  cfg_channels=args.cfg_channels, **sampler_options(args, sampler))
+                  cfg_channels=args.cfg_channels, compile=compiled, **sampler_options(args, sampler))
     if args.npz:
         path = sample_npz(model, objective, args.npz, args.num_samples, args.batch_size, labels=labels, decoder=decoder,
                           seed=args.seed, progress=not args.no_progress, **common)

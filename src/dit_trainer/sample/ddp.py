@@ -114,6 +114,10 @@ def run(args) -> int:
     labels = chunk_labels(args.num_samples, model.num_classes, args.seed)
     chunks = range((args.num_samples + args.batch_size - 1) // args.batch_size)
     todo = [c for c in chunks[rank::world] if not (parts / CHUNK_FMT.format(c)).is_file()]
+    from dit_trainer.sample.compile import resolve_sample_compile
+
+    # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
+    compiled = resolve_sample_compile(args.compile, model, len(chunks[rank::world]) * (args.steps or 50), device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16" else torch.autocast(device.type, enabled=False)
     bar = tqdm(todo, desc=f"sample rank {rank}", disable=args.no_progress or rank != 0, dynamic_ncols=True)
     done, t0 = 0, time.perf_counter()
@@ -122,7 +126,7 @@ def run(args) -> int:
         with amp:
             latents = sample_latents(model, objective, y, cfg_scale=args.cfg_scale, sampler=sampler, steps=args.steps,
                                      seed=chunk_seed(args.seed, c), device=device, cfg_channels=args.cfg_channels,
-                                     **options)
+                                     compile=compiled, **options)
         images = to_uint8(to_images(latents.float(), *decoder))
         if images.shape[-1] == 1:
             images = np.repeat(images, 3, axis=-1)  # the FID network reads RGB

@@ -85,15 +85,20 @@ def guided_model_fn(model, y, cfg_scale=4.0, cfg_channels=None, interval=None):
 
 @torch.no_grad()
 def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None, steps=50, seed=0,
-                   device="cpu", cfg_channels=None, progress=False, **options):
+                   device="cpu", cfg_channels=None, progress=False, compile=False, **options):
     """Samples in the model's space (latents, or pixels) for `labels`: float N×C×H×W.
 
     `objective_or_cfg` is an `Objective` or a config to build one from; `sampler` defaults to the
     objective's (DDIM for diffusion). `options` go to the objective's sampler (`clip_denoised`
-    for diffusion, solver settings for transport).
+    for diffusion, solver settings for transport). `compile` compiles the model's forward in place
+    first (once per model; see `dit_trainer.sample.compile`).
     """
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
+    if compile:
+        from dit_trainer.sample.compile import compile_model
+
+        compile_model(model)
     y = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
     if len(y) == 0:
         raise ConfigError("no class labels to sample; pass --class-labels or --class-names")

@@ -63,12 +63,9 @@ def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:
     choice = str(cfg.train.compile).lower()
     if choice != "auto":
         return choice == "true"
-    if not has_plan or not torch._dynamo.is_dynamo_supported():
-        return False
-    if device.type == "cpu":
-        import shutil
+    from dit_trainer.devices import compile_supported
 
-        if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang", "g++", "c++")):
-            return False  # inductor writes C++ on CPU
+    if not has_plan or not compile_supported(device):
+        return False
     n_params = sum(p.numel() for p in model.parameters())
     return cfg.train.max_steps >= AUTO_COMPILE_MIN_STEPS and n_params >= AUTO_COMPILE_MIN_PARAMS
