@@ -80,10 +80,10 @@ def run(trainer) -> dict:
             grid = trainer.save_sample_grid(_mkdir(cfg.output_dir, "samples") / f"step-{trainer.step:08d}.png")
             if grid is not None:
                 logger.log_image(trainer.step, "samples", grid)
-        if deferred is not None and (trainer.step % cfg.checkpoint.save_steps == 0 or trainer.step == cfg.train.max_steps):
-            # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
-            deferred.read_pending(trainer)
         if trainer.step % cfg.checkpoint.save_steps == 0 or trainer.step == cfg.train.max_steps or trainer.stop_requested:
+            if deferred is not None:
+                # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
+                deferred.read_pending(trainer)
             trainer.save_checkpoint()
         if trainer.stop_requested:
             if main:
