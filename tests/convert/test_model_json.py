@@ -8,24 +8,9 @@ import pytest
 import torch
 
 from dit_trainer.convert import read
-from dit_trainer.convert.model_config import build_dit
 from dit_trainer.errors import CheckpointError, ConfigError
-from dit_trainer.model_file import load_model_file
 
-from convert_helpers import randomize
-
-# hidden 2 x 16 = 32: not a multiple of 64, so the tensors alone cannot give the heads
-TINY_JSON = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16, "sample_size": 8,
-             "patch_size": 2, "in_channels": 4, "out_channels": 8, "num_embeds_ada_norm": 10}
-
-
-@pytest.fixture
-def pt_and_json(tmp_path):
-    path = tmp_path / "DiT.json"
-    path.write_text(json.dumps(TINY_JSON))
-    model = randomize(build_dit(load_model_file(path)))
-    torch.save({"model": model.state_dict(), "ema": model.state_dict()}, tmp_path / "tiny.pt")
-    return tmp_path / "tiny.pt", path, model
+# pt_and_json: tests/conftest.py
 
 
 def _convert(*argv):
@@ -51,9 +36,9 @@ def test_convert_model_json(pt_and_json, tmp_path, capsys):
 
 
 def test_json_that_does_not_fit_the_tensors(pt_and_json, tmp_path):
-    pt, _, _ = pt_and_json
+    pt, js, _ = pt_and_json
     other = tmp_path / "deeper.json"
-    other.write_text(json.dumps({**TINY_JSON, "num_layers": 3}))
+    other.write_text(json.dumps({**json.loads(js.read_text()), "num_layers": 3}))
     with pytest.raises(CheckpointError) as err:
         read("dit-pt", pt, model=str(other))
     assert "blocks.2" in str(err.value) and "\n" not in str(err.value)

@@ -9,22 +9,7 @@ import dit_trainer.sample.loading as L
 from dit_trainer.errors import ConfigError
 from dit_trainer.model_file import load_model_file
 
-TINY_JSON = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16, "sample_size": 8,
-             "patch_size": 2, "in_channels": 4, "out_channels": 8, "num_embeds_ada_norm": 10}
-
-
-@pytest.fixture
-def pt_and_json(tmp_path):
-    from dit_trainer.convert.model_config import build_dit
-
-    path = tmp_path / "DiT.json"
-    path.write_text(json.dumps(TINY_JSON))
-    torch.manual_seed(0)
-    model = build_dit(load_model_file(path))
-    with torch.no_grad():
-        model.y_embedder.embedding_table.weight.normal_()
-    torch.save({"ema": model.state_dict()}, tmp_path / "tiny.pt")
-    return tmp_path / "tiny.pt", path, model
+# pt_and_json: tests/conftest.py
 
 
 def test_weights_file_with_model_json(pt_and_json):
@@ -45,7 +30,7 @@ def test_checkpoint_folder_and_json_must_agree(pt_and_json, tmp_path):
     model, _ = L.load_model(folder, str(js))  # the JSON it was trained from
     assert len(model.blocks) == 2
     other = tmp_path / "wide.json"
-    other.write_text(json.dumps({**TINY_JSON, "attention_head_dim": 32}))
+    other.write_text(json.dumps({**json.loads(js.read_text()), "attention_head_dim": 32}))
     with pytest.raises(ConfigError) as err:
         L.load_model(folder, str(other))
     assert "hidden_size 64" in str(err.value) and "hidden_size 32" in str(err.value) and "\n" not in str(err.value)

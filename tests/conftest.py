@@ -1,0 +1,29 @@
+"""Fixtures shared by more than one test folder."""
+
+import json
+
+import pytest
+
+# hidden 2 x 16 = 32: not a multiple of 64, so a .pt's tensors alone cannot give the heads
+TINY_PADDLEMIX_JSON = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 16, "sample_size": 8,
+                       "patch_size": 2, "in_channels": 4, "out_channels": 8, "num_embeds_ada_norm": 10}
+
+
+@pytest.fixture
+def pt_and_json(tmp_path):
+    """(tiny.pt with random "model" and "ema" weights, the PaddleMIX DiT.json it was built from, the model)."""
+    import torch
+
+    from dit_trainer.convert.model_config import build_dit
+    from dit_trainer.model_file import load_model_file
+
+    path = tmp_path / "DiT.json"
+    path.write_text(json.dumps(TINY_PADDLEMIX_JSON))
+    model = build_dit(load_model_file(path))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # DiT's init zeroes adaLN and the head, which would hide mistakes
+        for name, p in model.named_parameters():
+            if name != "pos_embed":
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    torch.save({"model": model.state_dict(), "ema": model.state_dict()}, tmp_path / "tiny.pt")
+    return tmp_path / "tiny.pt", path, model
