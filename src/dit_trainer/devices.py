@@ -46,3 +46,15 @@ def compile_supported(device) -> bool:
     if getattr(device, "type", device) == "cpu":
         return any(shutil.which(cc) for cc in ("cc", "gcc", "clang", "g++", "c++"))
     return True
+
+
+# `auto` compiles only models of this many parameters or more: smaller ones (tests, the digits demo)
+# take as long to compile as a big one and gain little per call.
+COMPILE_MIN_PARAMS = 10_000_000
+
+
+def compile_repays(model, device, calls: int, min_calls: int) -> bool:
+    """What an `auto` compile decides: compile runs here, the model has 10M+ parameters, `calls` >= `min_calls`."""
+    if calls < min_calls or not compile_supported(device):
+        return False
+    return sum(p.numel() for p in model.parameters()) >= COMPILE_MIN_PARAMS

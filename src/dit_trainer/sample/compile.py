@@ -8,12 +8,11 @@ and another grid reuse it instead of recompiling.
 
 import torch
 
-from dit_trainer.devices import compile_supported
+from dit_trainer.devices import compile_repays
 from dit_trainer.errors import ConfigError
 
-# Model calls (batches x steps) from which `auto` compiles, and the smallest model it bothers with.
+# Model calls (batches x steps) from which `auto` compiles.
 AUTO_MIN_FORWARDS = 1000
-AUTO_MIN_PARAMS = 10_000_000
 
 
 def resolve_sample_compile(choice, model, forwards: int, device) -> bool:
@@ -23,10 +22,7 @@ def resolve_sample_compile(choice, model, forwards: int, device) -> bool:
         raise ConfigError(f"--compile {choice!r} is not one of auto, true, false")
     if choice != "auto":
         return choice == "true"
-    if not compile_supported(torch.device(device)):
-        return False
-    n_params = sum(p.numel() for p in model.parameters())
-    return forwards >= AUTO_MIN_FORWARDS and n_params >= AUTO_MIN_PARAMS
+    return compile_repays(model, torch.device(device), forwards, AUTO_MIN_FORWARDS)
 
 
 def compile_model(model) -> None:

@@ -2,6 +2,7 @@
 
 import torch
 
+from dit_trainer.devices import COMPILE_MIN_PARAMS, compile_repays
 from dit_trainer.errors import ConfigError
 
 
@@ -52,10 +53,10 @@ def other_engine(cfg):
 
 
 # `train.compile auto` compiles when the run repays the compile: on CPU the first per-block compile
-# of a DiT takes about a minute and a compiled step of DiT-S/2 is ~15% faster
-# (benchmarks/train_step.py), so small models and short runs (tests, the digits demo) stay eager.
+# of a DiT takes up to a minute and a compiled step of DiT-S/2 is 7-14% faster
+# (benchmarks/train_step.py), so short runs stay eager.
 AUTO_COMPILE_MIN_STEPS = 1000
-AUTO_COMPILE_MIN_PARAMS = 10_000_000
+AUTO_COMPILE_MIN_PARAMS = COMPILE_MIN_PARAMS
 
 
 def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:
@@ -63,9 +64,4 @@ def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:
     choice = str(cfg.train.compile).lower()
     if choice != "auto":
         return choice == "true"
-    from dit_trainer.devices import compile_supported
-
-    if not has_plan or not compile_supported(device):
-        return False
-    n_params = sum(p.numel() for p in model.parameters())
-    return cfg.train.max_steps >= AUTO_COMPILE_MIN_STEPS and n_params >= AUTO_COMPILE_MIN_PARAMS
+    return has_plan and compile_repays(model, device, cfg.train.max_steps, AUTO_COMPILE_MIN_STEPS)
