@@ -38,15 +38,25 @@ def resolve_host_sync(mode: str, device: torch.device, optimizer, scaler) -> str
     return mode
 
 
-def _agree(trainer, nonfinite: torch.Tensor) -> tuple:
-    """(any rank saw a non-finite value, any rank was asked to stop): one all-reduce, one host wait."""
+def _clip_and_check(trainer, loss: torch.Tensor, check_norm: bool = True) -> tuple:
+    """(gradient norm, clipped to optim.max_grad_norm where set; whether the loss or the norm is non-finite)."""
+    clip = trainer.cfg.optim.max_grad_norm
+    # Without clipping the norm is still taken (max_norm inf leaves the gradients as they are).
+    norm = trainer._clip_grads(clip if clip > 0 else math.inf)
+    bad = ~torch.isfinite(loss.detach()).all()
+    if check_norm:
+        bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
+    return norm, bad
+
+
+def _agreed_flags(trainer, bad: torch.Tensor) -> torch.Tensor:
+    """[any rank saw a non-finite value, any rank was asked to stop], on the device: one all-reduce MAX."""
     signals = trainer._signals
     stop = float(signals is not None and signals.requested is not None)
-    flags = torch.stack([nonfinite.float(), torch.full((), stop, device=nonfinite.device)])
+    flags = torch.stack([bad.float(), torch.full((), stop, device=bad.device)])
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    bad, stop = flags.tolist()
-    return bad > 0, stop > 0
+    return flags
 
 
 def _divergence(trainer, what: str, step: int) -> DivergenceError:
@@ -68,16 +78,12 @@ def finish_step_now(trainer, loss) -> dict:
     optimizer, scaler = trainer.optimizer, trainer.scaler
     if scaler:
         scaler.unscale_(optimizer)
-    clip = cfg.optim.max_grad_norm
-    # Without clipping the norm is still taken (max_norm inf leaves the gradients as they are).
-    norm = trainer._clip_grads(clip if clip > 0 else math.inf)
-    grad_norm = norm if clip > 0 else None
     # GradScaler skips steps with inf gradients by itself; only the loss is checked then.
-    bad = ~torch.isfinite(loss.detach()).all()
-    if not scaler:
-        bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
-    bad, trainer.stop_requested = _agree(trainer, bad)
-    if bad:
+    norm, bad = _clip_and_check(trainer, loss, check_norm=not scaler)
+    grad_norm = norm if cfg.optim.max_grad_norm > 0 else None
+    bad, stop = _agreed_flags(trainer, bad).tolist()
+    trainer.stop_requested = stop > 0
+    if bad > 0:
         what = f"loss {trainer.dims.all_reduce_mean(loss).item()}, grad norm {float(norm)}"
         if not cfg.train.skip_nonfinite_steps:
             raise _divergence(trainer, what, trainer.step + 1)
@@ -118,14 +124,8 @@ class DeferredChecks:
     def finish_step(self, trainer, loss: torch.Tensor) -> None:
         """Clip, agree, mask and apply one step's update, queueing no host wait."""
         cfg = trainer.cfg
-        clip = cfg.optim.max_grad_norm
-        norm = trainer._clip_grads(clip if clip > 0 else math.inf)
-        bad = ~torch.isfinite(loss.detach()).all() | ~torch.isfinite(norm.detach().to(self.device)).all()
-        signals = trainer._signals
-        stop = torch.full((), float(signals is not None and signals.requested is not None), device=self.device)
-        flags = torch.stack([bad.float(), stop])
-        if torch.distributed.is_initialized():
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        norm, bad = _clip_and_check(trainer, loss)
+        flags = _agreed_flags(trainer, bad)
         # The previous step's flags are done by now; read them before this step's update is queued.
         self.read_pending(trainer)
         masked = flags[0]
@@ -141,10 +141,9 @@ class DeferredChecks:
         trainer.step += 1
         decay = ema_decay_at(trainer.step - 1, cfg.train.ema_decay, cfg.train.ema_warmup)
         trainer.ema.update(decay, skip=masked)
-        ok = 1.0 - masked
         self.loss_sum += torch.where(masked > 0, 0.0, loss.detach().float())
-        self.ok_steps += ok
-        if clip > 0:
+        self.ok_steps += 1.0 - masked
+        if cfg.optim.max_grad_norm > 0:
             self.grad_norm = norm.detach()
         self._queue(flags, trainer.step)
 
