@@ -19,3 +19,10 @@ class CheckpointError(DitError, ValueError):
 
 class DivergenceError(DitError, FloatingPointError):
     """Training produced a non-finite loss or gradient norm; the update was not applied."""
+
+
+def one_line(err: BaseException) -> str:
+    """The first line of an exception's message, for the one-line errors above (numpy's header
+    errors and pickle's span several)."""
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__

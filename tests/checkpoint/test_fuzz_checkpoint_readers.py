@@ -70,3 +70,18 @@ def test_manifest_verifier(tmp_path_factory, manifest):
         ckpt.verify_checkpoint(folder)
     except CheckpointError as err:
         assert "\n" not in str(err)
+
+
+def test_a_pickle_error_of_several_lines_stays_one_line(tmp_path):
+    # The fuzzer's find: pickle's message for a persistent-id opcode spans two lines.
+    from dit_trainer.convert.pdparams import load_pdparams
+
+    path = tmp_path / "x.metadata"
+    path.write_bytes(b"Pabc\n.")
+    for read in (read_metadata_file, load_pdparams):
+        try:
+            read(path)
+        except CheckpointError as err:
+            assert "refused" in str(err) and "\n" not in str(err), read.__name__
+        else:
+            raise AssertionError(f"{read.__name__} accepted a persistent-id pickle")

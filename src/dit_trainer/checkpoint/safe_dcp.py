@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from dit_trainer.errors import CheckpointError
+from dit_trainer.errors import CheckpointError, one_line
 
 _MD = "torch.distributed.checkpoint.metadata"
 # Exactly what `dcp.save` pickles into `.metadata` (torch 2.4 .. 2.13): the metadata dataclasses,
@@ -56,7 +56,7 @@ def read_metadata_file(path):
     except OSError as err:
         raise CheckpointError(f"{path}: cannot be read ({err.strerror or err}); the checkpoint is incomplete") from None
     except pickle.UnpicklingError as err:
-        raise CheckpointError(f"{path}: refused, not DCP checkpoint metadata ({err}); do not load checkpoints you do not trust") from None
+        raise CheckpointError(f"{path}: refused, not DCP checkpoint metadata ({one_line(err)}); do not load checkpoints you do not trust") from None
     except Exception as err:  # truncated or garbled bytes: EOFError, ValueError, TypeError, ...
         raise CheckpointError(f"{path}: not readable DCP metadata ({type(err).__name__}); the checkpoint is damaged") from None
     if not isinstance(md, Metadata) or not isinstance(getattr(md, "state_dict_metadata", None), dict):

@@ -11,7 +11,7 @@ import pickle
 import numpy as np
 import torch
 
-from dit_trainer.errors import CheckpointError
+from dit_trainer.errors import CheckpointError, one_line
 
 # The only globals a pickle of numpy arrays needs (numpy 1.x and 2.x module paths); `_codecs.encode`
 # is how protocol 2 stores the arrays' raw bytes.
@@ -66,10 +66,10 @@ def load_pdparams(path) -> dict:
         with open(path, "rb") as f:
             obj = _ArraysOnly(io.BytesIO(f.read())).load()
     except pickle.UnpicklingError as err:
-        raise CheckpointError(f"{path}: refused, it holds more than numpy arrays ({err}); "
+        raise CheckpointError(f"{path}: refused, it holds more than numpy arrays ({one_line(err)}); "
                               "re-save it with paddle.save(model.state_dict())") from None
     except Exception as err:
-        raise CheckpointError(f"{path}: cannot be read as a .pdparams ({type(err).__name__}: {err})") from None
+        raise CheckpointError(f"{path}: cannot be read as a .pdparams ({type(err).__name__}: {one_line(err)})") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: holds a {type(obj).__name__}, not a mapping of parameter names to arrays")
     obj.pop(NAME_TABLE, None)

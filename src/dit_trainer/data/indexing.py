@@ -32,9 +32,3 @@ def check_epoch(epoch) -> int:
 # (TokenError, SyntaxError), odd shapes or dtypes give TypeError/OverflowError, a header claiming a
 # huge array MemoryError.
 NPY_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, OverflowError, MemoryError)
-
-
-def one_line(err: BaseException) -> str:
-    """The first line of an exception's message (numpy's header errors span several)."""
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__

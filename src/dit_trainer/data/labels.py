@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dit_trainer.data.indexing import NPY_ERRORS, one_line
-from dit_trainer.errors import DataError
+from dit_trainer.data.indexing import NPY_ERRORS
+from dit_trainer.errors import DataError, one_line
 
 LABEL_FILE_NAMES = ("labels.json", "labels.npy", "labels.txt")
 

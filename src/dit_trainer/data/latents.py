@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.errors import ConfigError, DataError
-from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for, one_line  # noqa: F401 (flip_for is public here)
+from dit_trainer.errors import ConfigError, DataError, one_line
+from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
 FASTDIT_FEATURES = "imagenet256_features"

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, one_line
-from dit_trainer.errors import ConfigError, DataError
+from dit_trainer.data.indexing import NPY_ERRORS, check_epoch
+from dit_trainer.errors import ConfigError, DataError, one_line
 
 FORMAT = "dit-trainer-latent-shards"
 VERSION = 1

@@ -8,8 +8,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import shards as sh
-from dit_trainer.data.indexing import NPY_ERRORS, one_line
-from dit_trainer.errors import DataError
+from dit_trainer.data.indexing import NPY_ERRORS
+from dit_trainer.errors import DataError, one_line
 
 # Rows checked for NaN/inf per read: bounds memory at ImageNet scale without per-row overhead.
 _SCAN_ROWS = 512
