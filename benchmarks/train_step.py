@@ -25,8 +25,9 @@ an fp32 baseline and a matmul peak measured in the same process.
 A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
 per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`), and two
 that undo one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul
-attention) and "+loopadam" (AdamW's per-parameter loop instead of the fused kernel). The default list
-adds the changes one at a time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile (what a run of
+attention), "+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu"
+(compiled graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes
+one at a time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile+tanhgelu, bf16+compile (what a run of
 1,000+ steps of a 10M+ parameter model does by default), then bf16+compile+sac. `orig-fp32` and `orig-bf16` are
 the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
 `training_losses` drawing t and noise inside, attention through PyTorch's SDPA as timm's `Attention`
@@ -98,7 +99,7 @@ def parse_variant(name: str) -> dict:
         raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +" + ", +".join(MODIFIERS))
     return {"name": name, "precision": precision, "compile": "compile" in mods,
             "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
-            "flash": "flash" in mods, "loopadam": "loopadam" in mods}
+            "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods}
 
 
 # Variant modifiers. The last two undo one of the trainer's speed changes, so that a row per change
@@ -109,21 +110,26 @@ MODIFIERS = {
     "sac": "train.activation_checkpointing selective",
     "flash": "PyTorch's fused SDPA kernel instead of the CPU reduced-precision matmul attention",
     "loopadam": "AdamW's per-parameter loop instead of the fused kernel",
+    "tanhgelu": "GELU's tanh form in compiled graphs instead of the sigmoid form (models/layers.py)",
 }
 
 
 @contextlib.contextmanager
-def attention_kernel(variant):
-    """+flash (and the orig-* baselines): route attention to SDPA while the variant is built and run."""
+def undone_changes(variant):
+    """+flash (and the orig-* baselines) route attention to SDPA, +tanhgelu keeps GELU's tanh form
+    in compiled graphs, while the variant is built and run."""
     import dit_trainer.models.attention as attention
+    import dit_trainer.models.layers as layers
 
-    keep = attention.use_matmul_kernel
+    keep = attention.use_matmul_kernel, layers.use_sigmoid_gelu
     if variant.get("flash"):
         attention.use_matmul_kernel = lambda q: False
+    if variant.get("tanhgelu"):
+        layers.use_sigmoid_gelu = lambda: False
     try:
         yield
     finally:
-        attention.use_matmul_kernel = keep
+        attention.use_matmul_kernel, layers.use_sigmoid_gelu = keep
 
 
 def make_config(args, variant: dict) -> dict:
@@ -274,12 +280,13 @@ def build_trainer(args, variant):
 
 
 def time_variant(args, variant: dict, device) -> dict:
-    with attention_kernel(variant):
+    with undone_changes(variant):
         return _time_variant(args, variant, device)
 
 
 def _time_variant(args, variant: dict, device) -> dict:
     gc.collect()
+    torch._dynamo.reset()  # each compiled variant traces its own graphs, and its warm-up shows the cost
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -325,7 +332,7 @@ def probe_memory(args, variant: dict, device) -> dict:
 
     batch = make_batch(args, device)
     base = proc_status_mib("VmRSS")
-    with attention_kernel(variant):
+    with undone_changes(variant):
         trainer = build_trainer(args, variant)
         for _ in range(args.probe_steps):
             trainer.train_step(batch)
@@ -400,7 +407,8 @@ def main():
         return
 
     names = (args.variants.split(",") if args.variants else
-             ["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16", "bf16+compile", "bf16+compile+sac"]
+             ["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16", "bf16+compile+tanhgelu",
+              "bf16+compile", "bf16+compile+sac"]
              + ["fp32"] * args.fp32 + ["bf16+compile+ac"] * args.ac)
     variants = [parse_variant(n) for n in names]
     start = time.perf_counter()
