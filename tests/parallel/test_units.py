@@ -103,6 +103,19 @@ def test_activation_checkpointing_keeps_names_and_gradients(mode):
         torch.testing.assert_close(grads[n], ref_grads[n], rtol=0, atol=0)
 
 
+def test_selective_policy_saves_linear_outputs_and_recomputes_attention_matmuls():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from dit_trainer.parallel.parallelize import _selective_policy
+
+    policy, aten = _selective_policy(), torch.ops.aten
+    for op in (aten.mm.default, aten.addmm.default, aten._scaled_dot_product_flash_attention_for_cpu.default):
+        assert policy(None, op) == CheckpointPolicy.MUST_SAVE, op
+    # The CPU attention kernel's scores (heads x tokens^2) are the largest tensors of a block.
+    for op in (aten.bmm.default, aten.gelu.default, aten.native_layer_norm.default):
+        assert policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE, op
+
+
 def test_sharded_ema_matches_update_ema():
     model = _tiny()
     ema_module, sharded = create_ema(model), ShardedEMA(model)

@@ -59,14 +59,19 @@ def parallelize_units(model: nn.Module, units, dims, cfg, tp_fn=None, param_dtyp
 
 
 def _selective_policy():
-    """Keep matmul and attention outputs (costly to recompute); recompute norms and pointwise ops."""
+    """Keep linear-layer and fused-attention outputs; recompute norms, pointwise ops and bmm.
+
+    The batched matmuls are the CPU attention kernel's scores and weighted values
+    (models/attention.py): the scores are heads x tokens^2 per sample, at 256 tokens about half of
+    what all the block's linear outputs take, and recomputing them costs two small matmuls; a
+    fused SDPA kernel keeps only its output and log-sum-exp, so it stays saved.
+    """
     from torch.utils.checkpoint import CheckpointPolicy
 
     aten = torch.ops.aten
     names = (
         "mm",
         "addmm",
-        "bmm",
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention",
