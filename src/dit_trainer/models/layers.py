@@ -69,9 +69,10 @@ def use_sigmoid_gelu() -> bool:
 class TanhGELU(nn.Module):
     """nn.GELU(approximate="tanh") with a faster form for compiled graphs.
 
-    Inductor's CPU code for tanh is about 3x slower than for sigmoid (benchmarks/train_step.py
-    "+tanhgelu" row); eager keeps PyTorch's one fused kernel, which the sigmoid form's several
-    ops would lose to. No parameters, so state dicts are unchanged.
+    Inductor's CPU code for tanh made GELU the costliest kernel after the matmuls; the sigmoid
+    form is what benchmarks/train_step.py's "bf16+compile" row gains over "bf16+compile+tanhgelu".
+    Eager keeps PyTorch's one fused kernel, which the sigmoid form's several ops would lose to.
+    No parameters, so state dicts are unchanged.
     """
 
     def forward(self, x):
