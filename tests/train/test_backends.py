@@ -5,7 +5,8 @@ import torch
 
 from dit_trainer.config import config_from_dict
 from dit_trainer.errors import ConfigError
-from dit_trainer.train.backends import AUTO_COMPILE_MIN_PARAMS, AUTO_COMPILE_MIN_STEPS, resolve_compile
+from dit_trainer.devices import COMPILE_MIN_PARAMS
+from dit_trainer.train.backends import AUTO_COMPILE_MIN_STEPS, resolve_compile
 
 
 def _model(n_params):
@@ -21,7 +22,7 @@ def test_explicit_choice_wins(choice, expected):
 
 def test_auto_compiles_only_long_runs_of_big_models(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
-    big, small = _model(AUTO_COMPILE_MIN_PARAMS), _model(AUTO_COMPILE_MIN_PARAMS - 1)
+    big, small = _model(COMPILE_MIN_PARAMS), _model(COMPILE_MIN_PARAMS - 1)
     long_run = config_from_dict({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS}})
     short_run = config_from_dict({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS - 1}})
     assert long_run.train.compile == "auto"

@@ -2,7 +2,7 @@
 
 import torch
 
-from dit_trainer.devices import COMPILE_MIN_PARAMS, compile_repays
+from dit_trainer.devices import compile_repays
 from dit_trainer.errors import ConfigError
 
 
@@ -53,10 +53,9 @@ def other_engine(cfg):
 
 
 # `train.compile auto` compiles when the run repays the compile: on CPU the first per-block compile
-# of a DiT takes up to a minute and a compiled step of DiT-S/2 is 7-14% faster
+# of a DiT takes up to a minute and a compiled step of DiT-S/2 is 7-17% faster
 # (benchmarks/train_step.py), so short runs stay eager.
 AUTO_COMPILE_MIN_STEPS = 1000
-AUTO_COMPILE_MIN_PARAMS = COMPILE_MIN_PARAMS
 
 
 def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:
