@@ -36,9 +36,11 @@ def test_compiled_sampling_matches_eager_without_recompiling():
 
 def test_auto_compiles_only_runs_that_repay_it():
     model = _model()  # far below 10M parameters
-    assert not resolve_sample_compile("auto", model, 10**6, "cpu")
-    assert resolve_sample_compile("true", model, 1, "cpu") and not resolve_sample_compile("false", model, 10**6, "cpu")
+    assert not resolve_sample_compile("auto", model, 10**6, 1, "cpu")
+    assert resolve_sample_compile("true", model, 1, 1, "cpu") and not resolve_sample_compile("false", model, 10**6, 1, "cpu")
     big = torch.nn.Linear(4000, 4000)  # 16M parameters
-    assert resolve_sample_compile("auto", big, 1000, "cpu") and not resolve_sample_compile("auto", big, 999, "cpu")
+    assert resolve_sample_compile("auto", big, 1000, 1, "cpu") and not resolve_sample_compile("auto", big, 999, 1, "cpu")
+    # Without --steps the fewest default steps (50) are counted: 20 batches make 1000 model calls.
+    assert resolve_sample_compile("auto", big, 20, None, "cpu") and not resolve_sample_compile("auto", big, 19, None, "cpu")
     with pytest.raises(ConfigError, match="--compile 'yes'"):
-        resolve_sample_compile("yes", model, 1, "cpu")
+        resolve_sample_compile("yes", model, 1, 1, "cpu")

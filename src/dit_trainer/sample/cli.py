@@ -131,7 +131,7 @@ def run(args) -> int:
     from dit_trainer.sample.compile import resolve_sample_compile
 
     batches = (-(-args.num_samples // args.batch_size) if args.npz else 0) + (1 if args.out or not args.npz else 0)
-    compiled = resolve_sample_compile(args.compile, model, batches * (args.steps or 50), device)
+    compiled = resolve_sample_compile(args.compile, model, batches, args.steps, device)
     common = dict(cfg_scale=args.cfg_scale, sampler=sampler, steps=args.steps, device=device,
                   cfg_channels=args.cfg_channels, compile=compiled, **sampler_options(args, sampler))
     if args.npz:

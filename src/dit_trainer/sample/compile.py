@@ -13,15 +13,19 @@ from dit_trainer.errors import ConfigError
 
 # Model calls (batches x steps) from which `auto` compiles.
 AUTO_MIN_FORWARDS = 1000
+# Steps counted when --steps is not given: the smallest sampler default (ddim, ode), so `auto`
+# never compiles for fewer model calls than the run makes.
+FEWEST_DEFAULT_STEPS = 50
 
 
-def resolve_sample_compile(choice, model, forwards: int, device) -> bool:
-    """`--compile auto|true|false` as a decision; auto by the number of model calls, size and platform."""
+def resolve_sample_compile(choice, model, batches: int, steps, device) -> bool:
+    """`--compile auto|true|false` as a decision; auto by model calls (batches x steps), size and platform."""
     choice = str(choice).lower()
     if choice not in ("auto", "true", "false"):
         raise ConfigError(f"--compile {choice!r} is not one of auto, true, false")
     if choice != "auto":
         return choice == "true"
+    forwards = batches * (steps or FEWEST_DEFAULT_STEPS)
     return compile_repays(model, torch.device(device), forwards, AUTO_MIN_FORWARDS)
 
 

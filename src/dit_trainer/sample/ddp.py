@@ -117,7 +117,7 @@ def run(args) -> int:
     from dit_trainer.sample.compile import resolve_sample_compile
 
     # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
-    compiled = resolve_sample_compile(args.compile, model, len(chunks[rank::world]) * (args.steps or 50), device)
+    compiled = resolve_sample_compile(args.compile, model, len(chunks[rank::world]), args.steps, device)
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16" else torch.autocast(device.type, enabled=False)
     bar = tqdm(todo, desc=f"sample rank {rank}", disable=args.no_progress or rank != 0, dynamic_ncols=True)
     done, t0 = 0, time.perf_counter()
