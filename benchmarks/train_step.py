@@ -23,7 +23,7 @@ an fp32 baseline and a matmul peak measured in the same process.
    the header gives what such a process holds after its imports, before building the trainer.
 
 A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
-per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`), and two
+per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`), and three
 that undo one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul
 attention), "+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu"
 (compiled graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes
@@ -102,7 +102,7 @@ def parse_variant(name: str) -> dict:
             "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods}
 
 
-# Variant modifiers. The last two undo one of the trainer's speed changes, so that a row per change
+# Variant modifiers. The last three undo one of the trainer's speed changes, so that a row per change
 # shows what it contributed: the CPU bf16 matmul attention (models/attention.py) and fused AdamW.
 MODIFIERS = {
     "compile": "train.compile true (per-block torch.compile)",
