@@ -103,7 +103,8 @@ def parse_variant(name: str) -> dict:
 
 
 # Variant modifiers. The last three undo one of the trainer's speed changes, so that a row per change
-# shows what it contributed: the CPU bf16 matmul attention (models/attention.py) and fused AdamW.
+# shows what it contributed: the CPU bf16 matmul attention (models/attention.py), fused AdamW and
+# the sigmoid-form GELU of compiled graphs (models/layers.py).
 MODIFIERS = {
     "compile": "train.compile true (per-block torch.compile)",
     "ac": "train.activation_checkpointing full",
