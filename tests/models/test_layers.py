@@ -19,7 +19,7 @@ def test_bf16_input_keeps_dtype_and_rounds_like_the_kernel():
     ours = layers.gelu_tanh_as_sigmoid(x)
     assert ours.dtype == torch.bfloat16
     ref = F.gelu(x.float(), approximate="tanh")
-    # Computed in fp32 and rounded once: within half a bf16 step of the exact value.
+    # Computed in fp32 and rounded once: within one bf16 step of the exact value.
     assert ((ours.float() - ref).abs() <= ref.abs() * 2**-8 + 1e-30).all()
 
 

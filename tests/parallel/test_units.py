@@ -111,7 +111,7 @@ def test_selective_policy_saves_linear_outputs_and_recomputes_attention_matmuls(
     policy, aten = _selective_policy(), torch.ops.aten
     for op in (aten.mm.default, aten.addmm.default, aten._scaled_dot_product_flash_attention_for_cpu.default):
         assert policy(None, op) == CheckpointPolicy.MUST_SAVE, op
-    # The CPU attention kernel's scores (heads x tokens^2) are the largest tensors of a block.
+    # The CPU attention kernel's scores (heads x tokens^2) are among the largest tensors of a block.
     for op in (aten.bmm.default, aten.gelu.default, aten.native_layer_norm.default):
         assert policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE, op
 
