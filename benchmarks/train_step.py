@@ -23,12 +23,14 @@ an fp32 baseline and a matmul peak measured in the same process.
    the header gives what such a process holds after its imports, before building the trainer.
 
 A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
-per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`), and three
-that undo one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul
-attention), "+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu"
-(compiled graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes
-one at a time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile+tanhgelu, bf16+compile (what a run of
-1,000+ steps of a 10M+ parameter model does by default), then bf16+compile+sac. `orig-fp32` and `orig-bf16` are
+per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`),
+"+budgetX" (`train.activation_memory_budget X`; "+budget1" undoes the budget), and three that undo
+one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul attention),
+"+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu" (compiled
+graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes one at a
+time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile+tanhgelu+budget1, bf16+compile+budget1,
+bf16+compile (what a run of 1,000+ steps of a 10M+ parameter model does by default), then
+bf16+compile+sac. `orig-fp32` and `orig-bf16` are
 the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
 `training_losses` drawing t and noise inside, attention through PyTorch's SDPA as timm's `Attention`
 computes it, AdamW, EMA by a loop over named parameters), the
@@ -95,16 +97,28 @@ def parse_variant(name: str) -> dict:
         # The release's Attention is timm's, which calls F.scaled_dot_product_attention: so does the baseline.
         return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True, "flash": True}
     precision, *mods = name.split("+")
-    if precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods):
+    budgets = [m for m in mods if m.startswith("budget")]
+    mods = [m for m in mods if m not in budgets]
+    if (precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods)
+            or len(budgets) > 1 or not all(_is_fraction(b[len("budget"):]) for b in budgets)):
         raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +" + ", +".join(MODIFIERS))
     return {"name": name, "precision": precision, "compile": "compile" in mods,
             "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
-            "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods}
+            "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods,
+            "budget": float(budgets[0][len("budget"):]) if budgets else None}
 
 
-# Variant modifiers. The last three undo one of the trainer's speed changes, so that a row per change
-# shows what it contributed: the CPU bf16 matmul attention (models/attention.py), fused AdamW and
-# the sigmoid-form GELU of compiled graphs (models/layers.py).
+def _is_fraction(text: str) -> bool:
+    try:
+        return 0 < float(text) <= 1
+    except ValueError:
+        return False
+
+
+# Variant modifiers. The last three undo one of the trainer's speed changes each, so that a row per
+# change shows what it contributed: the CPU bf16 matmul attention (models/attention.py), fused AdamW
+# and the sigmoid-form GELU of compiled graphs (models/layers.py); +budget1 undoes the memory change,
+# the activation budget of compiled blocks (train.activation_memory_budget).
 MODIFIERS = {
     "compile": "train.compile true (per-block torch.compile)",
     "ac": "train.activation_checkpointing full",
@@ -112,6 +126,7 @@ MODIFIERS = {
     "flash": "PyTorch's fused SDPA kernel instead of the CPU reduced-precision matmul attention",
     "loopadam": "AdamW's per-parameter loop instead of the fused kernel",
     "tanhgelu": "GELU's tanh form in compiled graphs instead of the sigmoid form (models/layers.py)",
+    "budgetX": "train.activation_memory_budget X, e.g. +budget1: compiled blocks keep every activation inductor would",
 }
 
 
@@ -152,6 +167,7 @@ def make_config(args, variant: dict) -> dict:
             "mixed_precision": variant["precision"],
             "compile": variant["compile"],
             "activation_checkpointing": variant["ac"] or "none",
+            **({"activation_memory_budget": variant["budget"]} if variant.get("budget") else {}),
         },
         "logging": {"progress": False, "tensorboard": False},
     }
@@ -408,7 +424,8 @@ def main():
         return
 
     names = (args.variants.split(",") if args.variants else
-             ["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16", "bf16+compile+tanhgelu",
+             ["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16",
+              "bf16+compile+tanhgelu+budget1", "bf16+compile+budget1",
               "bf16+compile", "bf16+compile+sac"]
              + ["fp32"] * args.fp32 + ["bf16+compile+ac"] * args.ac)
     variants = [parse_variant(n) for n in names]

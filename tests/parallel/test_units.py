@@ -173,3 +173,34 @@ def test_compiled_blocks_share_one_graph_and_never_recompile_for_a_new_batch():
         for batch in (3, 8, 5):
             step(batch)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+def test_activation_memory_budget_recomputes_instead_of_saving():
+    """The budget is read while a block's graph compiles: under a lower one the compiled blocks save
+    fewer bytes for the backward, and the gradients stay what they were."""
+    from torch._functorch import config as functorch_config
+
+    from dit_trainer.parallel import apply_compile
+
+    def run(budget):
+        torch._dynamo.reset()  # graphs keep the partition of their first compile
+        model = _tiny()
+        apply_compile(list(model.blocks))
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        with functorch_config.patch(activation_memory_budget=budget), hooks:
+            loss, grads = _loss_and_grads(model)
+        return sum(saved), loss, grads
+
+    full_bytes, ref_loss, ref_grads = run(1.0)
+    budget_bytes, loss, grads = run(0.5)
+    assert budget_bytes < 0.8 * full_bytes, (budget_bytes, full_bytes)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-7)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)

@@ -46,3 +46,27 @@ def test_trainer_records_the_decision(tmp_path):
     trainer = DiTTrainer({"output_dir": str(tmp_path), "model": {"name": "DiT-S/2", "input_size": 8, "depth": 1,
                           "hidden_size": 32, "num_heads": 2, "num_classes": 4}, "train": {"max_steps": 5}})
     assert trainer.cfg.train.compile == "false"  # auto: five steps of a tiny model stay eager
+
+
+@pytest.mark.parametrize("compile_,ac,expected", [("true", "none", 0.6), ("true", "selective", None),
+                                                  ("false", "none", None)])
+def test_activation_budget_applies_to_compiled_blocks_without_ac(tmp_path, compile_, ac, expected):
+    from torch._functorch import config as functorch_config
+
+    from dit_trainer.train import DiTTrainer
+
+    outside = functorch_config.activation_memory_budget
+    trainer = DiTTrainer({"output_dir": str(tmp_path), "model": {"name": "DiT-S/2", "input_size": 8, "depth": 1,
+                          "hidden_size": 32, "num_heads": 2, "num_classes": 4},
+                          "train": {"max_steps": 5, "compile": compile_, "activation_checkpointing": ac,
+                                    "activation_memory_budget": 0.6}})
+    with trainer._forward_context():
+        # Nothing is compiled yet: the blocks' graphs are partitioned inside their first forward.
+        assert functorch_config.activation_memory_budget == (outside if expected is None else expected)
+    assert functorch_config.activation_memory_budget == outside
+
+
+@pytest.mark.parametrize("budget", [0, 1.5])
+def test_activation_budget_outside_0_1_is_refused(budget):
+    with pytest.raises(ConfigError, match=r"train.activation_memory_budget is .*; it must be a fraction in \(0, 1\]"):
+        config_from_dict({"train": {"activation_memory_budget": budget}})

@@ -13,6 +13,7 @@ import functools
 
 import torch
 import torch.nn as nn
+from torch._functorch import config as functorch_config
 
 from dit_trainer.config import as_config, validate
 from dit_trainer.devices import enable_tf32, resolve_device
@@ -68,6 +69,9 @@ class DiTTrainer:
         # auto becomes true/false here, so the run folder's config.yaml (and a resume) says which.
         compiled = resolve_compile(cfg, model, self.device, self.spec.parallelize_fn is not None)
         cfg.train.compile = "true" if compiled else "false"
+        # AC decides what compiled blocks recompute by itself; without compile nothing reads it.
+        no_ac = cfg.train.activation_checkpointing == "none"
+        self._memory_budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
         self.objective = build_objective(cfg)
         self._pp = None
         self.model_parts = self._parallelize(model)
@@ -154,13 +158,20 @@ class DiTTrainer:
 
     # -- one step ------------------------------------------------------------------------
 
-    def _autocast(self):
-        """Autocast to the run's mixed-precision dtype, or nothing for fp32."""
-        return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else contextlib.nullcontext()
+    def _forward_context(self):
+        """Autocast to the run's mixed-precision dtype, and the compiled blocks' activation budget."""
+        stack = contextlib.ExitStack()
+        if self.amp_dtype:
+            stack.enter_context(torch.autocast(self.device.type, dtype=self.amp_dtype))
+        if self._memory_budget < 1:
+            # Read when a block's graph is compiled, i.e. inside its first calls: the partitioner
+            # then recomputes the activations that cost least to recompute (pointwise ones first).
+            stack.enter_context(functorch_config.patch(activation_memory_budget=self._memory_budget))
+        return stack
 
     def _model_fn(self, x, t, **kwargs):
         # Autocast only the network; the objective's arithmetic around it stays in float32.
-        with self._autocast():
+        with self._forward_context():
             out = self.model(x, t, **kwargs)
         return out.float()
 
@@ -231,7 +242,7 @@ class DiTTrainer:
         carried = {"x": x, **draws}
         self._packing = TargetPacking(carried)
         schedule, first, last = self._pp
-        with self._autocast():
+        with self._forward_context():
             return pipeline_step(schedule, first, last, self.dims, (x_t, t, y, drop), self._packing.pack(carried))
 
     def _pp_loss(self, output, target):
