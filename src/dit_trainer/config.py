@@ -94,7 +94,7 @@ class TrainConfig:
     ema_warmup: bool = False  # decay min(ema_decay, (1+step)/(10+step)): short runs get a useful EMA
     activation_checkpointing: str = "none"  # none | full | selective
     compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
-    activation_memory_budget: float = 0.7  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all
+    activation_memory_budget: float = 0.8  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
     host_sync: str = "auto"  # step | log | auto: read loss and checks every step, or only at log steps (no device wait per step); auto: log on a GPU

@@ -32,7 +32,7 @@ _RANGES = (
     ("train.grad_accum_steps", lambda v: v > 0, "a positive integer"),
     ("train.seed", lambda v: v >= 0, "0 or more"),
     ("train.ema_decay", lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.9999"),
-    ("train.activation_memory_budget", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.7; 1 keeps every activation"),
+    ("train.activation_memory_budget", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.8; 1 keeps every activation"),
     ("checkpoint.save_steps", lambda v: v > 0, "a positive integer"),
     ("checkpoint.save_total_limit", lambda v: v >= 0, "0 (keep all) or more"),
     ("logging.log_steps", lambda v: v > 0, "a positive integer"),
