@@ -7,7 +7,9 @@ its fast path; the `+flash` row of `benchmarks/train_step.py` measures the step 
 Plain matmul attention would keep the (B, H, N, N) probabilities for the backward, though, which
 is more memory than every weight of DiT-S/2; so `MatmulAttention` saves only q, k and v (a flash
 kernel keeps about as much: those, its output and a row log-sum-exp) and recomputes the
-probabilities in the backward.
+probabilities in the backward. That holds in eager; a compiled graph sees the backward's scores
+equal the forward's, merges them and keeps the probabilities, unless the trainer's activation
+budget (`train.activation_memory_budget` 0.7 or lower) makes it recompute them.
 """
 
 import torch
