@@ -97,15 +97,15 @@ def parse_variant(name: str) -> dict:
         # The release's Attention is timm's, which calls F.scaled_dot_product_attention: so does the baseline.
         return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True, "flash": True}
     precision, *mods = name.split("+")
-    budgets = [m for m in mods if m.startswith("budget")]
-    mods = [m for m in mods if m not in budgets]
+    budgets = [m[len("budget"):] for m in mods if m.startswith("budget")]
+    mods = [m for m in mods if not m.startswith("budget")]
     if (precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods)
-            or len(budgets) > 1 or not all(_is_fraction(b[len("budget"):]) for b in budgets)):
+            or len(budgets) > 1 or not all(_is_fraction(b) for b in budgets)):
         raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +" + ", +".join(MODIFIERS))
     return {"name": name, "precision": precision, "compile": "compile" in mods,
             "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
             "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods,
-            "budget": float(budgets[0][len("budget"):]) if budgets else None}
+            "budget": float(budgets[0]) if budgets else None}
 
 
 def _is_fraction(text: str) -> bool:
