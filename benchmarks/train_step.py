@@ -16,11 +16,16 @@ an fp32 baseline and a matmul peak measured in the same process.
    arithmetic are not counted, so MFU is the usual "useful work" ratio.
 3. Each variant is a fresh `DiTTrainer` (AdamW, EMA, diffusion loss, label dropout) fed the same
    in-memory batch through `train_step((x, y))`: warm-up steps, then timed steps (s/step is the
-   median, with the range). All variants run in this one process, one after another.
+   median, with the range). All variants run in this one process, one after another. The default
+   5 warm-up steps matter on a CPU: a fresh trainer page-faults new memory every step until
+   glibc's mmap threshold has grown past its activations' sizes, and the original loop needs about
+   5 steps for that (its 2nd-4th steps ran up to 1.4x its later ones), so a short warm-up times
+   part of the baseline's transient, which can only flatter every ratio to it.
 4. Peak memory: on CUDA `torch.cuda.max_memory_allocated` (reset before each variant builds its
    trainer). On CPU the peak RSS of a process that already ran another variant says nothing, so
-   each variant is re-run in a fresh process (`--only VARIANT`, 2 steps) and its VmHWM is reported;
-   the header gives what such a process holds after its imports, before building the trainer.
+   each variant is re-run in a fresh process (`--only VARIANT`, as many steps as were timed and
+   warmed up: the original loop's peak RSS still grows over its first steps) and its VmHWM is
+   reported; the header gives what such a process holds after its imports, before building the trainer.
 
 A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
 per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`),
@@ -401,8 +406,11 @@ def main():
     ap.add_argument("--in-channels", type=int, default=4)
     ap.add_argument("--num-classes", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (default: %(default)s)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (at least 2 with compile)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (default: %(default)s)")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="untimed steps first (default: %(default)s; at least 2 with compile): on a CPU a fresh "
+                         "process page-faults new memory every step until glibc's mmap threshold has grown, "
+                         "about 5 steps for the original loop")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: %(default)s)")
     ap.add_argument("--fp32", action="store_true", help="add the fp32 variant to the default list")
     ap.add_argument("--ac", action="store_true", help="add the bf16+compile+ac variant to the default list")
@@ -411,8 +419,12 @@ def main():
     ap.add_argument("--peak-reps", type=int, default=3, help="timed repetitions per matmul size")
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs on CPU")
     ap.add_argument("--only", default=None, help="run VARIANT's CPU memory probe in this process and print it")
-    ap.add_argument("--probe-steps", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--probe-steps", type=int, default=None, help=argparse.SUPPRESS)  # default: warm-up + timed
     args = ap.parse_args()
+    if args.probe_steps is None:
+        # The original loop's peak RSS still grows over its first steps (heap fragmentation as the
+        # mmap threshold rises), so the probe runs as many steps as the timing did.
+        args.probe_steps = args.warmup + args.steps
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
@@ -462,7 +474,7 @@ def main():
                 f"peak mem = VmHWM of a fresh process running the variant for {args.probe_steps} steps "
                 f"(it holds {rows[0].get('base_mib', float('nan')):.0f} MiB after imports)" if "peak_mib" in rows[0] else
                 "peak mem not measured (--no-memory)")
-    print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (2 with compile; "
+    print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (at least 2 with compile; "
           "where train.host_sync is log, as on a GPU, the mean of the steps timed together as train() runs them); "
           f"MFU = achieved / matmul peak of the compute dtype; {mem_note}")
     medians = {r["variant"]: statistics.median(r["times"]) for r in rows}
