@@ -9,7 +9,7 @@ is more memory than every weight of DiT-S/2; so `MatmulAttention` saves only q, 
 kernel keeps about as much: those, its output and a row log-sum-exp) and recomputes the
 probabilities in the backward. That holds in eager; a compiled graph sees the backward's scores
 equal the forward's, merges them and keeps the probabilities, unless the trainer's activation
-budget (`train.activation_memory_budget` 0.7 or lower) makes it recompute them.
+budget (`train.activation_memory_budget` 0.6 or lower at DiT-S/2) makes it recompute them.
 """
 
 import torch
