@@ -19,8 +19,8 @@ an fp32 baseline and a matmul peak measured in the same process.
    median, with the range). All variants run in this one process, one after another. The default
    5 warm-up steps matter on a CPU: a fresh trainer page-faults new memory every step until
    glibc's mmap threshold has grown past its activations' sizes, and the original loop needs about
-   5 steps for that (its 2nd-4th steps ran up to 1.4x its later ones), so a short warm-up times
-   part of the baseline's transient, which can only flatter every ratio to it.
+   5 steps for that (the last lines print every variant's warm-up step times), so a short warm-up
+   times part of the baseline's transient, which can only flatter every ratio to it.
 4. Peak memory: on CUDA `torch.cuda.max_memory_allocated` (reset before each variant builds its
    trainer). On CPU the peak RSS of a process that already ran another variant says nothing, so
    each variant is re-run in a fresh process (`--only VARIANT`, as many steps as were timed and
@@ -316,11 +316,12 @@ def _time_variant(args, variant: dict, device) -> dict:
     batch = make_batch(args, device)
     compute = DTYPE_NAMES.get(trainer.amp_dtype, "fp32")  # bf16 falls back to fp32 without native support
     warmup = max(args.warmup, 2) if variant["compile"] else args.warmup  # compile happens in the first steps
-    t0 = time.perf_counter()
+    warm_times = []  # printed: they show the compile and, on a CPU, the page-fault transient
     for _ in range(warmup):
+        t0 = time.perf_counter()
         trainer.train_step(batch)
-    sync(device)
-    warm_s = time.perf_counter() - t0
+        sync(device)
+        warm_times.append(time.perf_counter() - t0)
     times = []
     deferred = getattr(trainer, "deferred", None)
     if deferred is not None:
@@ -339,7 +340,7 @@ def _time_variant(args, variant: dict, device) -> dict:
         trainer.train_step(batch)  # returns .item() floats: the step is finished on return
         sync(device)
         times.append(time.perf_counter() - t0)
-    row = {"variant": variant["name"], "compute": compute, "times": times, "warm_s": warm_s, "warmup": warmup,
+    row = {"variant": variant["name"], "compute": compute, "times": times, "warm_times": warm_times,
            "params": sum(p.numel() for p in trainer.model.parameters())}
     if device.type == "cuda":
         row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
@@ -494,6 +495,8 @@ def main():
         ])
     print(table(["variant", "compute", "s/step", "range s", "img/s", "TFLOP/s", "MFU", "MFU vs bf16 peak",
                  "peak mem MiB", *(f"speed vs {b}" for b in baselines), f"mem vs {baselines[-1]}"], out))
+    print("# warm-up steps, s: " + "; ".join(f"{r['variant']} " + " ".join(f"{t:.2f}" for t in r["warm_times"])
+                                            for r in rows))
     print(f"# total {time.perf_counter() - start:.0f} s; loadavg at end {loadavg()}")
 
 
