@@ -35,7 +35,9 @@ one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 m
 graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes one at a
 time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile+tanhgelu+budget1, bf16+compile+budget1,
 bf16+compile (what a run of 1,000+ steps of a 10M+ parameter model does by default), then
-bf16+compile+sac. `orig-fp32` and `orig-bf16` are
+bf16+compile+sac. On a CPU without native bf16 (AVX2 only: bf16 matmuls are emulated, ~100x
+slower than fp32) the trainer computes in fp32, so the list is the same steps in fp32, without
+orig-bf16 and +flash, and the bf16 peak is only sampled at n=512. `orig-fp32` and `orig-bf16` are
 the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
 `training_losses` drawing t and noise inside, attention through PyTorch's SDPA as timm's `Attention`
 computes it, AdamW, EMA by a loop over named parameters), the
@@ -95,6 +97,17 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def default_variants(has_bf16: bool, fp32: bool, ac: bool) -> list[str]:
+    """The rows a plain run prints: both baselines, then the trainer's changes added one at a time."""
+    if not has_bf16:
+        # The default config runs fp32 here; +flash undoes nothing in fp32 (SDPA is its kernel anyway).
+        return (["orig-fp32", "fp32+loopadam", "fp32", "fp32+compile+tanhgelu+budget1", "fp32+compile+budget1",
+                 "fp32+compile", "fp32+compile+sac"] + ["fp32+compile+ac"] * ac)
+    return (["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16",
+             "bf16+compile+tanhgelu+budget1", "bf16+compile+budget1", "bf16+compile", "bf16+compile+sac"]
+            + ["fp32"] * fp32 + ["bf16+compile+ac"] * ac)
 
 
 def parse_variant(name: str) -> dict:
@@ -188,9 +201,16 @@ def make_batch(args, device):
 # -- 1. matmul peak --------------------------------------------------------------------------
 
 
-def matmul_peak(dtype, device, reps: int) -> tuple[float, int]:
+def native_bf16(device) -> bool:
+    """Whether bf16 matmuls have hardware support here: what the trainer asks before it autocasts."""
+    from dit_trainer.train.backends import resolve_amp_dtype
+
+    return resolve_amp_dtype("bf16", device) is not None
+
+
+def matmul_peak(dtype, device, reps: int, sizes=None) -> tuple[float, int]:
     """Best TFLOP/s over square matmul sizes; returns (TFLOP/s, n of the best)."""
-    sizes = (2048, 3072, 4096) + ((8192,) if device.type == "cuda" else ())
+    sizes = sizes or (2048, 3072, 4096) + ((8192,) if device.type == "cuda" else ())
     inner = 20 if device.type == "cuda" else 1  # matmuls per timed call
     best, best_n = 0.0, 0
     for n in sizes:
@@ -436,17 +456,17 @@ def main():
         print("MEM " + json.dumps(probe_memory(args, parse_variant(args.only), device)), flush=True)
         return
 
-    names = (args.variants.split(",") if args.variants else
-             ["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16",
-              "bf16+compile+tanhgelu+budget1", "bf16+compile+budget1",
-              "bf16+compile", "bf16+compile+sac"]
-             + ["fp32"] * args.fp32 + ["bf16+compile+ac"] * args.ac)
+    has_bf16 = native_bf16(device)
+    names = (args.variants.split(",") if args.variants else default_variants(has_bf16, args.fp32, args.ac))
     variants = [parse_variant(n) for n in names]
     start = time.perf_counter()
     load_start = loadavg()
 
     dtypes = ["fp32", "bf16"] + sorted({v["precision"] for v in variants} - {"fp32", "bf16"})
-    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps) for d in dtypes}
+    # Without native bf16 a 2048-sized bf16 matmul takes about a minute (seen: 1 GFLOP/s on an
+    # AVX2-only CPU, 100x below fp32): one small size shows that, and nothing is divided by it.
+    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps, None if has_bf16 or d != "bf16" else (512,))
+             for d in dtypes}
     # Every op of a DiT is per sample, so FLOPs/img do not depend on the batch (checked: DiT-S/2 counts
     # the same at 1, 2 and 32); counting at 2 saves a full-batch fp32 step on a CPU.
     flop_batch = min(args.batch_size, 2)
@@ -469,6 +489,11 @@ def main():
           f"DiTTrainer.train_step: diffusion loss, AdamW, EMA")
     print("# matmul peak (square n=" + "/".join(str(n) for n in ((2048, 3072, 4096) + ((8192,) if device.type == 'cuda' else ()))) +
           f", best of {args.peak_reps}): " + ", ".join(f"{d} {p:.3f} TFLOP/s (n={n})" for d, (p, n) in peaks.items()))
+    if not has_bf16:
+        print(f"# no native bf16 on this {device.type}: its bf16 matmul is emulated ({peaks['bf16'][0]:.4f} TFLOP/s at "
+              f"n={peaks['bf16'][1]}), so the trainer's default mixed_precision bf16 computes in fp32 here "
+              "(train/backends.py); the default list times the fp32 path and leaves orig-bf16 out, and no MFU is "
+              "given against the bf16 peak")
     print(f"# model FLOPs/img {flops_img / 1e9:.2f} GFLOP: FlopCounterMode over 1 fwd+bwd of the model at batch {flop_batch}, / {flop_batch} "
           "(AC recompute, optimizer, EMA not counted)")
     mem_note = ("peak mem = torch.cuda.max_memory_allocated per variant" if device.type == "cuda" else
@@ -488,7 +513,7 @@ def main():
         out.append([
             r["variant"], r["compute"], f"{med:.3f}", f"{min(r['times']):.2f}-{max(r['times']):.2f}",
             f"{args.batch_size / med:.1f}", f"{tflops:.3f}", f"{100 * tflops / peaks[r['compute']][0]:.1f}%",
-            f"{100 * tflops / peaks['bf16'][0]:.1f}%",
+            f"{100 * tflops / peaks['bf16'][0]:.1f}%" if has_bf16 else "-",
             f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-",
             *(f"{medians[b] / med:.2f}x" for b in baselines),
             *(f"{r['peak_mib'] / mem[b]:.2f}x" if "peak_mib" in r and b in mem else "-" for b in baselines[-1:]),
