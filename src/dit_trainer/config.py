@@ -96,6 +96,7 @@ class TrainConfig:
     compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
     activation_memory_budget: float = 0.8  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    keep_freed_memory: bool = True  # on CPU with glibc: freed blocks stay in the heap for the next step instead of being unmapped and page-faulted back each step
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
     host_sync: str = "auto"  # step | log | auto: read loss and checks every step, or only at log steps (no device wait per step); auto: log on a GPU
 

@@ -1,0 +1,68 @@
+"""host_memory.keep_freed_memory: large blocks freed and allocated again stop page-faulting; the
+trainer applies it on CPU unless `train.keep_freed_memory` is false. Each case runs in a fresh
+process, since the setting is process-wide and cannot be undone."""
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="mallopt is glibc's; elsewhere keep_freed_memory is a no-op")
+
+# Four 64 MiB blocks (above glibc's largest dynamic mmap threshold) allocated, written and freed
+# per "step"; three steps settle the heap (torch asks for 64-byte aligned blocks, which a freed block
+# of the same size does not always fit until its neighbours have merged), the next three are counted.
+FAULTS = r"""
+import resource, sys, torch
+from dit_trainer.host_memory import freed_memory_kept, keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory() and freed_memory_kept()
+def step():
+    for _ in range(4):
+        a = torch.empty(64 * 2**20 // 4)
+        a.fill_(1.0)
+        del a
+for _ in range(3):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+PAGES = 3 * 4 * 64 * 2**20 // 4096  # of the counted steps
+
+
+def _faults(mode):
+    out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split()[-1])
+
+
+@glibc_only
+def test_freed_blocks_are_reused_without_page_faults():
+    assert _faults("glibc") >= 0.9 * PAGES  # glibc's default maps and faults them every time
+    assert _faults("keep") < 0.25 * PAGES  # seen: 0, or one block of the twelve
+
+
+TRAINER = r"""
+import sys
+from dit_trainer.host_memory import freed_memory_kept
+from dit_trainer.train import DiTTrainer
+DiTTrainer({"model": {"name": "DiT-S/8", "input_size": 8, "depth": 1, "hidden_size": 32, "num_heads": 2,
+                      "num_classes": 4},
+            "train": {"device": "cpu", "global_batch_size": 2, "keep_freed_memory": sys.argv[1] == "on"},
+            "logging": {"progress": False, "tensorboard": False}, "output_dir": sys.argv[2]})
+print(freed_memory_kept())
+"""
+
+
+@glibc_only
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_trainer_applies_it_on_cpu_unless_switched_off(tmp_path, setting):
+    out = subprocess.run([sys.executable, "-c", TRAINER, setting, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == ("True" if setting == "on" else "False")
