@@ -29,12 +29,14 @@ an fp32 baseline and a matmul peak measured in the same process.
 
 A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
 per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`),
-"+budgetX" (`train.activation_memory_budget X`; "+budget1" undoes the budget), and three that undo
+"+budgetX" (`train.activation_memory_budget X`; "+budget1" undoes the budget), "+sysmalloc"
+(`train.keep_freed_memory false`: glibc's malloc unmaps freed large blocks and page-faults them back
+every step; process-wide, so such a row is timed in a fresh process), and three that undo
 one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul attention),
 "+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu" (compiled
 graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes one at a
 time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile+tanhgelu+budget1, bf16+compile+budget1,
-bf16+compile (what a run of 1,000+ steps of a 10M+ parameter model does by default), then
+bf16+compile+sysmalloc, bf16+compile (what a run of 1,000+ steps of a 10M+ parameter model does by default), then
 bf16+compile+sac. On a CPU without native bf16 (AVX2 only: bf16 matmuls are emulated, ~100x
 slower than fp32) the trainer computes in fp32, so the list is the same steps in fp32, without
 orig-bf16 and +flash, and the bf16 peak is only sampled at n=512. `orig-fp32` and `orig-bf16` are
@@ -52,6 +54,7 @@ import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -104,9 +107,10 @@ def default_variants(has_bf16: bool, fp32: bool, ac: bool) -> list[str]:
     if not has_bf16:
         # The default config runs fp32 here; +flash undoes nothing in fp32 (SDPA is its kernel anyway).
         return (["orig-fp32", "fp32+loopadam", "fp32", "fp32+compile+tanhgelu+budget1", "fp32+compile+budget1",
-                 "fp32+compile", "fp32+compile+sac"] + ["fp32+compile+ac"] * ac)
+                 "fp32+compile+sysmalloc", "fp32+compile", "fp32+compile+sac"] + ["fp32+compile+ac"] * ac)
     return (["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16",
-             "bf16+compile+tanhgelu+budget1", "bf16+compile+budget1", "bf16+compile", "bf16+compile+sac"]
+             "bf16+compile+tanhgelu+budget1", "bf16+compile+budget1", "bf16+compile+sysmalloc", "bf16+compile",
+             "bf16+compile+sac"]
             + ["fp32"] * fp32 + ["bf16+compile+ac"] * ac)
 
 
@@ -123,6 +127,7 @@ def parse_variant(name: str) -> dict:
     return {"name": name, "precision": precision, "compile": "compile" in mods,
             "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
             "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods,
+            "sysmalloc": "sysmalloc" in mods,
             "budget": float(budgets[0]) if budgets else None}
 
 
@@ -145,6 +150,7 @@ MODIFIERS = {
     "loopadam": "AdamW's per-parameter loop instead of the fused kernel",
     "tanhgelu": "GELU's tanh form in compiled graphs instead of the sigmoid form (models/layers.py)",
     "budgetX": "train.activation_memory_budget X, e.g. +budget1: compiled blocks keep every activation inductor would",
+    "sysmalloc": "train.keep_freed_memory false: glibc's malloc as it comes (timed in a fresh process: the setting is process-wide)",
 }
 
 
@@ -186,6 +192,7 @@ def make_config(args, variant: dict) -> dict:
             "compile": variant["compile"],
             "activation_checkpointing": variant["ac"] or "none",
             **({"activation_memory_budget": variant["budget"]} if variant.get("budget") else {}),
+            "keep_freed_memory": not variant.get("sysmalloc"),
         },
         "logging": {"progress": False, "tensorboard": False},
     }
@@ -343,6 +350,7 @@ def _time_variant(args, variant: dict, device) -> dict:
         sync(device)
         warm_times.append(time.perf_counter() - t0)
     times = []
+    before = resource.getrusage(resource.RUSAGE_SELF)  # kernel time and page faults of the timed steps
     deferred = getattr(trainer, "deferred", None)
     if deferred is not None:
         # train.host_sync log (auto on a GPU): what train() runs; the host queues the steps without
@@ -360,7 +368,10 @@ def _time_variant(args, variant: dict, device) -> dict:
         trainer.train_step(batch)  # returns .item() floats: the step is finished on return
         sync(device)
         times.append(time.perf_counter() - t0)
+    after = resource.getrusage(resource.RUSAGE_SELF)
     row = {"variant": variant["name"], "compute": compute, "times": times, "warm_times": warm_times,
+           "sys_s": (after.ru_stime - before.ru_stime) / args.steps,
+           "minflt": (after.ru_minflt - before.ru_minflt) / args.steps,
            "params": sum(p.numel() for p in trainer.model.parameters())}
     if device.type == "cuda":
         row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
@@ -383,7 +394,12 @@ def probe_memory(args, variant: dict, device) -> dict:
 
 
 def memory_in_fresh_process(args, variant: dict) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--only", variant["name"], "--model", args.model,
+    return fresh_process(args, variant, "MEM", [])
+
+
+def fresh_process(args, variant: dict, tag: str, extra: list) -> dict:
+    """Run `--only VARIANT` (plus `extra`) in a new interpreter and return its `tag` line's JSON."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--only", variant["name"], *extra, "--model", args.model,
            "--batch-size", str(args.batch_size), "--input-size", str(args.input_size),
            "--in-channels", str(args.in_channels), "--num-classes", str(args.num_classes),
            "--device", args.device, "--probe-steps", str(args.probe_steps)]
@@ -396,9 +412,9 @@ def memory_in_fresh_process(args, variant: dict) -> dict:
         cmd += ["--model-option", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     for line in proc.stdout.splitlines():
-        if line.startswith("MEM "):
-            return json.loads(line[4:])
-    sys.exit(f"memory probe for {variant['name']} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1:])
+    sys.exit(f"{tag} run of {variant['name']} in a fresh process failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -441,6 +457,7 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs on CPU")
     ap.add_argument("--only", default=None, help="run VARIANT's CPU memory probe in this process and print it")
     ap.add_argument("--probe-steps", type=int, default=None, help=argparse.SUPPRESS)  # default: warm-up + timed
+    ap.add_argument("--time-only", action="store_true", help=argparse.SUPPRESS)  # with --only: time it, print ROW
     args = ap.parse_args()
     if args.probe_steps is None:
         # The original loop's peak RSS still grows over its first steps (heap fragmentation as the
@@ -452,6 +469,9 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    if args.only and args.time_only:
+        print("ROW " + json.dumps(time_variant(args, parse_variant(args.only), device)), flush=True)
+        return
     if args.only:
         print("MEM " + json.dumps(probe_memory(args, parse_variant(args.only), device)), flush=True)
         return
@@ -471,7 +491,15 @@ def main():
     # the same at 1, 2 and 32); counting at 2 saves a full-batch fp32 step on a CPU.
     flop_batch = min(args.batch_size, 2)
     flops_img = flops_per_image(args, device, flop_batch)
-    rows = [time_variant(args, v, device) for v in variants]
+    # The originals first, while glibc's malloc is as a user has it: building a DiTTrainer on CPU
+    # changes it for the rest of the process (train.keep_freed_memory), so +sysmalloc rows run in
+    # a fresh process of their own.
+    order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
+    timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only", "--warmup", str(args.warmup),
+                                                           "--steps", str(args.steps)])
+                 if variants[i].get("sysmalloc") and device.type == "cpu" else time_variant(args, variants[i], device))
+             for i in order}
+    rows = [timed[i] for i in range(len(variants))]
     if device.type == "cpu" and not args.no_memory:
         for v, row in zip(variants, rows):
             mem = memory_in_fresh_process(args, v)
@@ -522,6 +550,8 @@ def main():
                  "peak mem MiB", *(f"speed vs {b}" for b in baselines), f"mem vs {baselines[-1]}"], out))
     print("# warm-up steps, s: " + "; ".join(f"{r['variant']} " + " ".join(f"{t:.2f}" for t in r["warm_times"])
                                             for r in rows))
+    print("# per timed step, kernel CPU s and minor page faults (all threads): " +
+          "; ".join(f"{r['variant']} {r['sys_s']:.2f} s, {r['minflt']:.0f}" for r in rows))
     print(f"# total {time.perf_counter() - start:.0f} s; loadavg at end {loadavg()}")
 
 
