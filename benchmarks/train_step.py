@@ -31,7 +31,8 @@ A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile
 per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`),
 "+budgetX" (`train.activation_memory_budget X`; "+budget1" undoes the budget), "+sysmalloc"
 (`train.keep_freed_memory false`: glibc's malloc unmaps freed large blocks and page-faults them back
-every step; process-wide, so such a row is timed in a fresh process), and three that undo
+every step; process-wide, so such a row is timed in a fresh process and every other trainer row
+keeps freed memory), and three that undo
 one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul attention),
 "+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu" (compiled
 graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes one at a
