@@ -403,7 +403,8 @@ def fresh_process(args, variant: dict, tag: str, extra: list) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--only", variant["name"], *extra, "--model", args.model,
            "--batch-size", str(args.batch_size), "--input-size", str(args.input_size),
            "--in-channels", str(args.in_channels), "--num-classes", str(args.num_classes),
-           "--device", args.device, "--probe-steps", str(args.probe_steps)]
+           "--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps),
+           "--probe-steps", str(args.probe_steps)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     for key in ("depth", "hidden_size", "num_heads"):
@@ -496,8 +497,7 @@ def main():
     # changes it for the rest of the process (train.keep_freed_memory), so +sysmalloc rows run in
     # a fresh process of their own.
     order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
-    timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only", "--warmup", str(args.warmup),
-                                                           "--steps", str(args.steps)])
+    timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only"])
                  if variants[i].get("sysmalloc") and device.type == "cpu" else time_variant(args, variants[i], device))
              for i in order}
     rows = [timed[i] for i in range(len(variants))]

@@ -2,14 +2,14 @@
 trainer applies it on CPU unless `train.keep_freed_memory` is false. Each case runs in a fresh
 process, since the setting is process-wide and cannot be undone."""
 
-import platform
 import subprocess
 import sys
 
 import pytest
 
-glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="mallopt is glibc's; elsewhere keep_freed_memory is a no-op")
+from dit_trainer.host_memory import glibc_malloc
+
+glibc_only = pytest.mark.skipif(not glibc_malloc(), reason="mallopt is glibc's; elsewhere keep_freed_memory is a no-op")
 
 # Four 64 MiB blocks (above glibc's largest dynamic mmap threshold) allocated, written and freed
 # per "step"; three steps settle the heap (torch asks for 64-byte aligned blocks, which a freed block

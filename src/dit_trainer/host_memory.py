@@ -24,12 +24,17 @@ _NEVER_TRIM = 2**31 - 1
 _applied = False
 
 
+def glibc_malloc() -> bool:
+    """Whether this process allocates with glibc's malloc (Linux with glibc), the one mallopt tunes."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep freed blocks for reuse instead of unmapping them; True once in effect."""
     global _applied
     if _applied:
         return True
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc_malloc():
         return False  # macOS, musl, Windows: other allocators, left as they are
     try:
         libc = ctypes.CDLL(None)
