@@ -85,3 +85,17 @@ def test_a_pickle_error_of_several_lines_stays_one_line(tmp_path):
             assert "refused" in str(err) and "\n" not in str(err), read.__name__
         else:
             raise AssertionError(f"{read.__name__} accepted a persistent-id pickle")
+
+
+def test_metadata_with_any_byte_zeroed_or_set_is_refused_in_one_line(tmp_path):
+    # Found by the fuzzer above: byte 572 zeroed left a _StorageInfo without `relative_path`, and the
+    # reader raised AttributeError instead of a CheckpointError. Every position, both extremes.
+    valid = VALID["metadata"]
+    path = tmp_path / "x.metadata"
+    for i in range(len(valid)):
+        for b in (0, 255):
+            path.write_bytes(valid[:i] + bytes([b]) + valid[i + 1:])
+            try:
+                read_metadata_file(path)
+            except CheckpointError as err:
+                assert "\n" not in str(err)

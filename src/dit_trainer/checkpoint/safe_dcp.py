@@ -65,8 +65,14 @@ def read_metadata_file(path):
     if not isinstance(storage, dict) or not all(isinstance(v, _StorageInfo) for v in storage.values()):
         raise CheckpointError(f"{path}: refused, its storage_data is not a map of DCP file locations")
     for info in storage.values():
+        # Unpickling fills a dataclass from whatever state the bytes hold: a damaged file can leave
+        # out a field the reader uses, or give it another type.
+        if not (isinstance(getattr(info, "relative_path", None), str)
+                and all(isinstance(getattr(info, f, None), int) for f in ("offset", "length"))):
+            raise CheckpointError(f"{path}: refused, a storage_data entry lacks a file, offset or length; "
+                                  "the checkpoint is damaged")
         # A location may only name a shard file beside `.metadata`, never a path elsewhere.
-        rel = PurePosixPath(str(info.relative_path))
+        rel = PurePosixPath(info.relative_path)
         if len(rel.parts) != 1 or rel.name in ("", ".", "..") or "\\" in rel.name:
             raise CheckpointError(f"{path}: refused, a shard location {info.relative_path!r} points outside the checkpoint")
     return md
