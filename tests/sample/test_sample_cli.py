@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +11,7 @@ from dit_trainer import sample as S
 from dit_trainer.cli import main
 from dit_trainer.config import Config
 from dit_trainer.errors import ConfigError
+from dit_trainer.host_memory import glibc_malloc
 from dit_trainer.models import get_spec
 from dit_trainer.diffusion.objective import diffusion_from_config
 from dit_trainer.checkpoint import save_checkpoint
@@ -196,3 +200,23 @@ def test_original_weights_file(tmp_path):
     model, got = S.load_model(path, name, image_size=64, num_classes=10)
     assert got.model.input_size == 8 and got.data.vae == S.DEFAULT_VAE and S.vae_source(got)[1] == 0.18215
     assert torch.equal(model.y_embedder.embedding_table.weight, tiny_model(cfg, 2).y_embedder.embedding_table.weight)
+
+
+SAMPLE_THEN_ASK = r"""
+import sys
+from dit_trainer.cli import main
+from dit_trainer.host_memory import freed_memory_kept
+assert main(["sample", "--ckpt", sys.argv[1], "--steps", "2", "--device", "cpu", "--no-progress", "--class-labels", "1",
+             "--out", sys.argv[2], *sys.argv[3:]]) == 0
+print(freed_memory_kept())
+"""
+
+
+@pytest.mark.skipif(not glibc_malloc(), reason="mallopt is glibc's; elsewhere keep_freed_memory is a no-op")
+@pytest.mark.parametrize("flag", [[], ["--keep-freed-memory", "false"]])
+def test_cli_keeps_freed_memory_on_cpu_unless_told_not_to(digits_ckpt, tmp_path, flag):
+    # A fresh process: the setting is process-wide, and this one has had trainers apply it.
+    out = subprocess.run([sys.executable, "-c", SAMPLE_THEN_ASK, str(digits_ckpt[0]), str(tmp_path / "g.png"), *flag],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == ("False" if flag else "True")

@@ -76,7 +76,7 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from dit_trainer.devices import resolve_device
-    from dit_trainer.sample.cli import check_args, check_cfg_channels, sampler_options
+    from dit_trainer.sample.cli import check_args, check_cfg_channels, keep_freed_memory_on, sampler_options
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid, save_npz, to_uint8
     from dit_trainer.sample.loading import load_model
@@ -88,6 +88,7 @@ def run(args) -> int:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
+    keep_freed_memory_on(device, args.keep_freed_memory)
     model, cfg = load_model(args.ckpt, args.model, args.image_size, args.num_classes, prefer_ema=args.weights == "ema")
     check_cfg_channels(args, model)
     model.to(device)
