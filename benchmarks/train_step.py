@@ -27,29 +27,10 @@ an fp32 baseline and a matmul peak measured in the same process.
    warmed up: the original loop's peak RSS still grows over its first steps) and its VmHWM is
    reported; the header gives what such a process holds after its imports, before building the trainer.
 
-A variant is a precision (fp32 | bf16 | fp16) with optional modifiers: "+compile" (`train.compile`:
-per-block `torch.compile`), "+ac"/"+sac" (`train.activation_checkpointing full/selective`),
-"+budgetX" (`train.activation_memory_budget X`; "+budget1" undoes the budget), "+sysmalloc"
-(`train.keep_freed_memory false`: glibc's malloc unmaps freed large blocks and page-faults them back
-every step; process-wide, so such a row is timed in a fresh process and every other trainer row
-keeps freed memory), and three that undo
-one speed change each: "+flash" (PyTorch's SDPA kernel instead of the CPU bf16 matmul attention),
-"+loopadam" (AdamW's per-parameter loop instead of the fused kernel) and "+tanhgelu" (compiled
-graphs keep GELU's tanh instead of its sigmoid form). The default list adds the changes one at a
-time: bf16+flash+loopadam, bf16+flash, bf16, bf16+compile+tanhgelu+budget1, bf16+compile+budget1,
-bf16+compile+sysmalloc, bf16+compile (what a run of 1,000+ steps of a 10M+ parameter model does by default), then
-bf16+compile+sac. On a CPU without native bf16 (AVX2 only: bf16 matmuls are emulated, ~100x
-slower than fp32) the trainer computes in fp32, so the list is the same steps in fp32, without
-orig-bf16 and +flash, and the bf16 peak is only sampled at n=512. `orig-fp32` and `orig-bf16` are
-the baseline: facebookresearch/DiT's training loop as its train.py writes it (plain model,
-`training_losses` drawing t and noise inside, attention through PyTorch's SDPA as timm's `Attention`
-computes it, AdamW, EMA by a loop over named parameters), the
-second under one `torch.autocast(bfloat16)` around the forward and loss, as a user would add it.
-Every row is also given as a ratio to both baselines when they ran.
+The rows, their modifiers and the baseline loop are described in train_step_variants.py.
 """
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
@@ -59,12 +40,14 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
+import train_step_variants
+from train_step_interleave import check_interleavable, paired_ratio, time_interleaved
+from train_step_variants import (DTYPES, build_trainer, default_variants, make_batch, make_config, parse_variant,
+                                 undone_changes)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
@@ -102,108 +85,6 @@ def cpu_name() -> str:
         pass
     return platform.processor() or platform.machine()
 
-
-def default_variants(has_bf16: bool, fp32: bool, ac: bool) -> list[str]:
-    """The rows a plain run prints: both baselines, then the trainer's changes added one at a time."""
-    if not has_bf16:
-        # The default config runs fp32 here; +flash undoes nothing in fp32 (SDPA is its kernel anyway).
-        return (["orig-fp32", "fp32+loopadam", "fp32", "fp32+compile+tanhgelu+budget1", "fp32+compile+budget1",
-                 "fp32+compile+sysmalloc", "fp32+compile", "fp32+compile+sac"] + ["fp32+compile+ac"] * ac)
-    return (["orig-fp32", "orig-bf16", "bf16+flash+loopadam", "bf16+flash", "bf16",
-             "bf16+compile+tanhgelu+budget1", "bf16+compile+budget1", "bf16+compile+sysmalloc", "bf16+compile",
-             "bf16+compile+sac"]
-            + ["fp32"] * fp32 + ["bf16+compile+ac"] * ac)
-
-
-def parse_variant(name: str) -> dict:
-    if name in ("orig-fp32", "orig-bf16"):
-        # The release's Attention is timm's, which calls F.scaled_dot_product_attention: so does the baseline.
-        return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True, "flash": True}
-    precision, *mods = name.split("+")
-    budgets = [m[len("budget"):] for m in mods if m.startswith("budget")]
-    mods = [m for m in mods if not m.startswith("budget")]
-    if (precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods)
-            or len(budgets) > 1 or not all(_is_fraction(b) for b in budgets)):
-        raise SystemExit(f"bad variant {name!r}: want fp32|bf16|fp16 optionally followed by +" + ", +".join(MODIFIERS))
-    return {"name": name, "precision": precision, "compile": "compile" in mods,
-            "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
-            "flash": "flash" in mods, "loopadam": "loopadam" in mods, "tanhgelu": "tanhgelu" in mods,
-            "sysmalloc": "sysmalloc" in mods,
-            "budget": float(budgets[0]) if budgets else None}
-
-
-def _is_fraction(text: str) -> bool:
-    try:
-        return 0 < float(text) <= 1
-    except ValueError:
-        return False
-
-
-# Variant modifiers. The last three undo one of the trainer's speed changes each, so that a row per
-# change shows what it contributed: the CPU bf16 matmul attention (models/attention.py), fused AdamW
-# and the sigmoid-form GELU of compiled graphs (models/layers.py); +budget1 undoes the memory change,
-# the activation budget of compiled blocks (train.activation_memory_budget).
-MODIFIERS = {
-    "compile": "train.compile true (per-block torch.compile)",
-    "ac": "train.activation_checkpointing full",
-    "sac": "train.activation_checkpointing selective",
-    "flash": "PyTorch's fused SDPA kernel instead of the CPU reduced-precision matmul attention",
-    "loopadam": "AdamW's per-parameter loop instead of the fused kernel",
-    "tanhgelu": "GELU's tanh form in compiled graphs instead of the sigmoid form (models/layers.py)",
-    "budgetX": "train.activation_memory_budget X, e.g. +budget1: compiled blocks keep every activation inductor would",
-    "sysmalloc": "train.keep_freed_memory false: glibc's malloc as it comes (timed in a fresh process: the setting is process-wide)",
-}
-
-
-@contextlib.contextmanager
-def undone_changes(variant):
-    """+flash (and the orig-* baselines) route attention to SDPA, +tanhgelu keeps GELU's tanh form
-    in compiled graphs, while the variant is built and run."""
-    import dit_trainer.models.attention as attention
-    import dit_trainer.models.layers as layers
-
-    keep = attention.use_matmul_kernel, layers.use_sigmoid_gelu
-    if variant.get("flash"):
-        attention.use_matmul_kernel = lambda q: False
-    if variant.get("tanhgelu"):
-        layers.use_sigmoid_gelu = lambda: False
-    try:
-        yield
-    finally:
-        attention.use_matmul_kernel, layers.use_sigmoid_gelu = keep
-
-
-def make_config(args, variant: dict) -> dict:
-    model = {"name": args.model, "input_size": args.input_size, "in_channels": args.in_channels,
-             "num_classes": args.num_classes}
-    for key in ("depth", "hidden_size", "num_heads"):
-        if getattr(args, key) is not None:
-            model[key] = getattr(args, key)
-    for item in args.model_option or []:
-        key, _, value = item.partition("=")
-        model[key] = value
-    return {
-        "output_dir": os.path.join(tempfile.gettempdir(), "dit-bench-train-step"),
-        "model": model,
-        "data": {"num_workers": 0},
-        "train": {
-            "global_batch_size": args.batch_size,
-            "device": args.device,
-            "mixed_precision": variant["precision"],
-            "compile": variant["compile"],
-            "activation_checkpointing": variant["ac"] or "none",
-            **({"activation_memory_budget": variant["budget"]} if variant.get("budget") else {}),
-            "keep_freed_memory": not variant.get("sysmalloc"),
-        },
-        "logging": {"progress": False, "tensorboard": False},
-    }
-
-
-def make_batch(args, device):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch_size, args.in_channels, args.input_size, args.input_size, generator=g)
-    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
-    return x.to(device), y.to(device)
 
 
 # -- 1. matmul peak --------------------------------------------------------------------------
@@ -275,59 +156,6 @@ def flops_per_image(args, device, batch: int) -> float:
 
 
 # -- 3./4. one variant ------------------------------------------------------------------------
-
-
-class OriginalLoop:
-    """facebookresearch/DiT's train.py step: the baseline every variant is compared with."""
-
-    def __init__(self, args, variant, device):
-        import copy
-        from collections import OrderedDict
-
-        from dit_trainer.config import config_from_dict
-        from dit_trainer.diffusion import create_diffusion
-        from dit_trainer.models import get_spec
-
-        cfg = config_from_dict(make_config(args, variant))
-        torch.manual_seed(0)
-        self.model = get_spec(cfg.model.name).build_model_fn(cfg).to(device)
-        self.ema = copy.deepcopy(self.model).requires_grad_(False)
-        self.diffusion = create_diffusion(timestep_respacing="")
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0)
-        self.device = device
-        self.amp_dtype = torch.bfloat16 if variant["precision"] == "bf16" else None
-        self._od = OrderedDict
-
-    @torch.no_grad()
-    def update_ema(self, decay=0.9999):
-        ema_params = self._od(self.ema.named_parameters())
-        for name, param in self._od(self.model.named_parameters()).items():
-            ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)
-
-    def train_step(self, batch):
-        x, y = batch
-        self.model.train()
-        t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=self.device)
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            loss = self.diffusion.training_losses(self.model, x, t, dict(y=y))["loss"].mean()
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        self.update_ema()
-        return {"loss": loss.item()}
-
-
-def build_trainer(args, variant):
-    if variant.get("original"):
-        return OriginalLoop(args, variant, torch.device(args.device))
-    from dit_trainer.train import DiTTrainer
-
-    trainer = DiTTrainer(make_config(args, variant))
-    if variant.get("loopadam"):
-        for group in trainer.optimizer.param_groups:
-            group["fused"], group["foreach"] = False, False
-    return trainer
-
 
 def time_variant(args, variant: dict, device) -> dict:
     with undone_changes(variant):
@@ -434,7 +262,8 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__ + "\n" + train_step_variants.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="DiT-S/2", help="registered model name (default: %(default)s)")
     ap.add_argument("--depth", type=int, default=None, help="override the model's depth")
     ap.add_argument("--hidden-size", type=int, default=None, help="override the model's hidden size")
@@ -446,6 +275,9 @@ def main():
     ap.add_argument("--num-classes", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (default: %(default)s)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="R",
+                    help="build every variant first, then time R rounds of one step each, order rotated; speed "
+                         "ratios are the median of per-round ratios (train_step_interleave.py); replaces --steps")
     ap.add_argument("--warmup", type=int, default=5,
                     help="untimed steps first (default: %(default)s; at least 2 with compile): on a CPU a fresh "
                          "process page-faults new memory every step until glibc's mmap threshold has grown, "
@@ -464,7 +296,7 @@ def main():
     if args.probe_steps is None:
         # The original loop's peak RSS still grows over its first steps (heap fragmentation as the
         # mmap threshold rises), so the probe runs as many steps as the timing did.
-        args.probe_steps = args.warmup + args.steps
+        args.probe_steps = args.warmup + (args.interleave or args.steps)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(args.device)
@@ -481,6 +313,8 @@ def main():
     has_bf16 = native_bf16(device)
     names = (args.variants.split(",") if args.variants else default_variants(has_bf16, args.fp32, args.ac))
     variants = [parse_variant(n) for n in names]
+    if args.interleave:
+        check_interleavable(variants)  # before minutes of matmul peaks
     start = time.perf_counter()
     load_start = loadavg()
 
@@ -496,11 +330,14 @@ def main():
     # The originals first, while glibc's malloc is as a user has it: building a DiTTrainer on CPU
     # changes it for the rest of the process (train.keep_freed_memory), so +sysmalloc rows run in
     # a fresh process of their own.
-    order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
-    timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only"])
-                 if variants[i].get("sysmalloc") and device.type == "cpu" else time_variant(args, variants[i], device))
-             for i in order}
-    rows = [timed[i] for i in range(len(variants))]
+    if args.interleave:
+        rows = time_interleaved(args, variants, device, DTYPE_NAMES)
+    else:
+        order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
+        timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only"])
+                     if variants[i].get("sysmalloc") and device.type == "cpu" else time_variant(args, variants[i], device))
+                 for i in order}
+        rows = [timed[i] for i in range(len(variants))]
     if device.type == "cpu" and not args.no_memory:
         for v, row in zip(variants, rows):
             mem = memory_in_fresh_process(args, v)
@@ -529,12 +366,17 @@ def main():
                 f"peak mem = VmHWM of a fresh process running the variant for {args.probe_steps} steps "
                 f"(it holds {rows[0].get('base_mib', float('nan')):.0f} MiB after imports)" if "peak_mib" in rows[0] else
                 "peak mem not measured (--no-memory)")
-    print(f"# s/step = median of {args.steps} timed steps after {args.warmup} warm-up (at least 2 with compile; "
-          "where train.host_sync is log, as on a GPU, the mean of the steps timed together as train() runs them); "
-          f"MFU = achieved / matmul peak of the compute dtype; {mem_note}")
+    timing = (f"s/step = median over {args.interleave} interleaved rounds (one step of every variant per round, the "
+              f"order rotated; every trainer built and warmed up {args.warmup} steps first, at least 2 with compile; the "
+              "original loop runs with freed memory kept, as the trainers set it process-wide), speed = median of the "
+              "per-round ratios" if args.interleave else
+              f"s/step = median of {args.steps} timed steps after {args.warmup} warm-up (at least 2 with compile; "
+              "where train.host_sync is log, as on a GPU, the mean of the steps timed together as train() runs them)")
+    print(f"# {timing}; MFU = achieved / matmul peak of the compute dtype; {mem_note}")
     medians = {r["variant"]: statistics.median(r["times"]) for r in rows}
     mem = {r["variant"]: r["peak_mib"] for r in rows if "peak_mib" in r}
     baselines = [b for b in ("orig-fp32", "orig-bf16") if b in medians] or [rows[0]["variant"]]
+    by_name = {r["variant"]: r for r in rows}
     out = []
     for r in rows:
         med = statistics.median(r["times"])
@@ -544,13 +386,16 @@ def main():
             f"{args.batch_size / med:.1f}", f"{tflops:.3f}", f"{100 * tflops / peaks[r['compute']][0]:.1f}%",
             f"{100 * tflops / peaks['bf16'][0]:.1f}%" if has_bf16 else "-",
             f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-",
-            *(f"{medians[b] / med:.2f}x" for b in baselines),
+            *(f"{paired_ratio(by_name[b], r)[0] if args.interleave else medians[b] / med:.2f}x" for b in baselines),
             *(f"{r['peak_mib'] / mem[b]:.2f}x" if "peak_mib" in r and b in mem else "-" for b in baselines[-1:]),
         ])
     print(table(["variant", "compute", "s/step", "range s", "img/s", "TFLOP/s", "MFU", "MFU vs bf16 peak",
                  "peak mem MiB", *(f"speed vs {b}" for b in baselines), f"mem vs {baselines[-1]}"], out))
     print("# warm-up steps, s: " + "; ".join(f"{r['variant']} " + " ".join(f"{t:.2f}" for t in r["warm_times"])
                                             for r in rows))
+    if args.interleave:
+        print(f"# per-round speed ratio to {baselines[0]}, min-median-max: " + "; ".join(
+            f"{r['variant']} " + "-".join(f"{x:.2f}" for x in sorted(paired_ratio(by_name[baselines[0]], r))) for r in rows))
     print("# per timed step, kernel CPU s and minor page faults (all threads): " +
           "; ".join(f"{r['variant']} {r['sys_s']:.2f} s, {r['minflt']:.0f}" for r in rows))
     print(f"# total {time.perf_counter() - start:.0f} s; loadavg at end {loadavg()}")
