@@ -1,5 +1,6 @@
 """host_memory.keep_freed_memory: large blocks freed and allocated again stop page-faulting; the
-trainer applies it on CPU unless `train.keep_freed_memory` is false. Each case runs in a fresh
+trainer applies it on CPU unless `train.keep_freed_memory` is false, and so do the commands that
+compute on a CPU unless `--keep-freed-memory false`. Each case runs in a fresh
 process, since the setting is process-wide and cannot be undone."""
 
 import subprocess
@@ -66,3 +67,65 @@ def test_trainer_applies_it_on_cpu_unless_switched_off(tmp_path, setting):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == ("True" if setting == "on" else "False")
+
+
+RULES = r"""
+from dit_trainer.host_memory import freed_memory_kept, keep_freed_memory_on
+assert keep_freed_memory_on("cuda") is False  # GPU runs leave the host's malloc alone
+assert keep_freed_memory_on("cpu", "false") is False
+assert keep_freed_memory_on("not a device") is False  # the command's own check words that error
+assert not freed_memory_kept()
+assert keep_freed_memory_on("cpu") is True and freed_memory_kept()
+print("ok")
+"""
+
+
+@glibc_only
+def test_keep_freed_memory_on_applies_only_to_cpu_devices_unless_false():
+    out = subprocess.run([sys.executable, "-c", RULES], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "ok", out.stderr[-2000:]
+
+
+# Each command in a fresh process, run to the end on tiny inputs; then the process says whether
+# malloc keeps freed memory.
+COMMAND = r"""
+import sys
+from dit_trainer.cli import main
+from dit_trainer.host_memory import freed_memory_kept
+assert main(sys.argv[1:]) == 0
+print(freed_memory_kept())
+"""
+
+
+def _eval_args(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "s.npz", arr_0=np.random.default_rng(0).integers(0, 255, (12, 16, 16, 3), dtype=np.uint8))
+    return ["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"), "--ref", "digits", "--device", "cpu",
+            "--no-progress"]
+
+
+def _extract_args(tmp_path):
+    import numpy as np
+    from diffusers import AutoencoderKL
+    from PIL import Image
+
+    AutoencoderKL(block_out_channels=(8, 8), down_block_types=("DownEncoderBlock2D",) * 2,
+                  up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                  norm_num_groups=8, sample_size=16).save_pretrained(tmp_path / "vae")
+    (tmp_path / "img" / "a").mkdir(parents=True)
+    for i in range(2):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(
+            tmp_path / "img" / "a" / f"{i}.png")
+    return ["extract", "--data-path", str(tmp_path / "img"), "--vae", str(tmp_path / "vae"), "--image-size", "16",
+            "--out", str(tmp_path / "out"), "--workers", "0", "--device", "cpu", "--no-progress"]
+
+
+@glibc_only
+@pytest.mark.parametrize("command", ["eval", "extract"])
+@pytest.mark.parametrize("flag", [[], ["--keep-freed-memory", "false"]])
+def test_cpu_commands_keep_freed_memory_unless_told_not_to(tmp_path, command, flag):
+    args = {"eval": _eval_args, "extract": _extract_args}[command](tmp_path) + flag
+    out = subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == ("False" if flag else "True")

@@ -1,14 +1,22 @@
-"""Reuse of freed host memory by glibc's malloc, for training on a CPU.
+"""Reuse of freed host memory by glibc's malloc, for training and inference on a CPU.
 
 glibc serves a block above its mmap threshold (which grows with the blocks freed, to at most
 32 MiB on 64-bit) with a fresh mmap and returns it to the kernel on free. A DiT step frees and
 allocates the same large activations every step (at DiT-S/2, batch 32, an fp32 MLP hidden state
 is 48 MiB), so every step page-faults them back in as zeroed pages (benchmarks/train_step.py's
 `+sysmalloc` row on a 2-core AVX2 CPU: 862,512 minor faults and 5.37 s of kernel CPU time per
-compiled fp32 step). With mmap off and the heap's trim threshold high, freed blocks stay in the
+compiled fp32 step). With mmap off and the heap never trimmed, freed blocks stay in the
 heap and the next step reuses them: one fault per step there, for 3% more peak memory (the step's
 allocations repeat, so the heap stops growing after the first steps). The setting is process-wide and
 glibc has no way back to its dynamic threshold, so it is applied once and left on.
+
+The commands that compute on a CPU without a trainer (`dit sample`, `sample-ddp`, `eval`,
+`extract`) apply it too: inference frees each activation as the forward goes, so they faulted as
+much (benchmarks/malloc.py: 2.5-3.1M minor faults per batch of FID Inception features or of an
+SD-size VAE encode; 1.52x and 1.36x images/s kept), at a price where layer sizes vary: blocks that
+do not fit the next request stay in the heap (1.9x and 1.44x peak RSS there; a DiT's repeated
+block sizes did not grow it). Library functions (`sample_latents`, `run_extract`, ...) do not
+apply it: a process-wide setting is the caller's to choose.
 """
 
 import ctypes
@@ -17,9 +25,10 @@ import platform
 # mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
-# mallopt takes an int: INT_MAX bytes (2 GiB) of free heap top before glibc trims it, which a step
-# never frees at once, so the heap is not given back during a run.
-_NEVER_TRIM = 2**31 - 1
+# -1 disables trimming of the heap's top altogether (mallopt(3)). A finite threshold, even INT_MAX
+# (2 GiB), is crossed where a forward frees more than that at once: an SD-size VAE encode of 8
+# images at 256 px did, and its heap top went back to the kernel and faulted in again every batch.
+_NEVER_TRIM = -1
 
 _applied = False
 
@@ -51,3 +60,27 @@ def keep_freed_memory() -> bool:
 def freed_memory_kept() -> bool:
     """Whether `keep_freed_memory` has taken effect in this process."""
     return _applied
+
+
+def add_keep_freed_memory_argument(parser) -> None:
+    """The `--keep-freed-memory true|false` flag of the commands that compute on a CPU."""
+    parser.add_argument("--keep-freed-memory", choices=("true", "false"), default="true",
+                        help="on CPU: keep freed blocks in glibc's heap instead of unmapping and page-faulting them "
+                             "back every batch: faster, but the process keeps the heap it reached, up to ~2x the "
+                             "peak RSS where layer sizes vary (Inception, VAE)")
+
+
+def keep_freed_memory_on(device, setting: str = "true") -> bool:
+    """Apply keep_freed_memory for a command computing on `device` (a name, a torch.device, or None
+    for CUDA when available, else CPU) unless `setting` is "false"; True once in effect."""
+    if setting != "true":
+        return False
+    import torch
+
+    try:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError, ValueError):
+        return False  # the command's own device check reports it, in its words
+    return kind == "cpu" and keep_freed_memory()

@@ -3,6 +3,7 @@
 import math
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.host_memory import add_keep_freed_memory_argument, keep_freed_memory_on
 from dit_trainer.sample.decode import DEFAULT_VAE
 
 # Registering the command must not import torch (`dit --help` stays fast): `run` imports the rest.
@@ -47,9 +48,7 @@ def add_sampling_arguments(p) -> None:
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--keep-freed-memory", choices=("true", "false"), default="true",
-                   help="on CPU: keep freed blocks in glibc's heap instead of unmapping and page-faulting them back "
-                        "every step (train.keep_freed_memory's setting; the process keeps the heap it reached)")
+    add_keep_freed_memory_argument(p)
     p.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
                    help="torch.compile the model's forward first (about a minute once); auto: when the run makes "
                         "1000+ model calls of a 10M+ parameter model, e.g. an FID batch")
@@ -102,18 +101,6 @@ def check_cfg_channels(args, model) -> None:
     if args.cfg_channels is not None and args.cfg_channels > model.in_channels:
         raise ConfigError(f"--cfg-channels {args.cfg_channels} exceeds the model's {model.in_channels} channels; "
                           f"pass 1..{model.in_channels} or leave it out (all channels)")
-
-
-def keep_freed_memory_on(device, setting: str) -> bool:
-    """`--keep-freed-memory`: apply host_memory.keep_freed_memory on a CPU device; True if in effect."""
-    if device.type != "cpu" or setting != "true":
-        return False
-    from dit_trainer.host_memory import keep_freed_memory
-
-    # A sampling step frees its activations as the forward goes (no autograd holds them), so glibc
-    # unmapped and page-faulted them all back every step: DiT-S/2, 32 images with guidance, fp32,
-    # on 2 AVX2 cores: ~1M minor faults and ~3 s of kernel time in a 7-9 s step without this.
-    return keep_freed_memory()
 
 
 def run(args) -> int:

@@ -76,7 +76,8 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from dit_trainer.devices import resolve_device
-    from dit_trainer.sample.cli import check_args, check_cfg_channels, keep_freed_memory_on, sampler_options
+    from dit_trainer.host_memory import keep_freed_memory_on
+    from dit_trainer.sample.cli import check_args, check_cfg_channels, sampler_options
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid, save_npz, to_uint8
     from dit_trainer.sample.loading import load_model
