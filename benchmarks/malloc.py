@@ -1,11 +1,13 @@
-"""CPU inference with glibc's malloc as it comes vs `host_memory.keep_freed_memory` (what `dit eval`
-and `dit extract` apply on CPU unless `--keep-freed-memory false`): images/s, kernel CPU seconds,
-minor page faults and peak RSS.
+"""CPU inference with glibc's malloc as it comes vs `host_memory.keep_freed_memory` (what `dit sample`,
+`sample-ddp`, `eval` and `extract` apply on CPU unless `--keep-freed-memory false`): images/s,
+kernel CPU seconds, minor page faults and peak RSS.
 
-    python benchmarks/malloc.py                          # both workloads, 2 rounds
+    python benchmarks/malloc.py                          # every workload, 2 rounds
     python benchmarks/malloc.py --workloads features --rounds 3
 
 Workloads, random weights at the real sizes (no download):
+  sample    `dit sample`'s `sample_latents`: DiT-S/2, 32x32x4 latents, batch 32 with guidance 4.0
+            (64 rows through the model), DDIM with 3 steps per timed batch;
   features  `dit eval`'s FID Inception-v3 (`evaluate/inception.py`) on 256 px uint8 images,
             batch 64 (the command's default), through `iter_features`;
   encode    `dit extract`'s VAE encode: a diffusers AutoencoderKL with sd-vae-ft-mse's encoder
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import time
 
-WORKLOADS = ("features", "encode")
+WORKLOADS = ("sample", "features", "encode")
 
 
 def child(workload: str, mode: str, batches: int) -> dict:
@@ -39,7 +41,19 @@ def child(workload: str, mode: str, batches: int) -> dict:
     if mode == "keep" and not keep_freed_memory():
         raise SystemExit("keep_freed_memory had no effect here (not glibc's malloc?)")
     torch.manual_seed(0)
-    if workload == "features":
+    if workload == "sample":
+        from dit_trainer.config import config_from_dict
+        from dit_trainer.models import get_spec
+        from dit_trainer.sample import sample_latents
+
+        cfg = {"model": {"name": "DiT-S/2", "input_size": 32, "in_channels": 4, "num_classes": 1000}}
+        model, batch = get_spec("DiT-S/2").build_model_fn(config_from_dict(cfg)).eval(), 32
+        labels = [(207 + 13 * i) % 1000 for i in range(batch)]
+
+        def step():
+            sample_latents(model, None, labels, cfg_scale=4.0, sampler="ddim", steps=3, seed=0,
+                           device=torch.device("cpu"))
+    elif workload == "features":
         from dit_trainer.evaluate.features import iter_features
         from dit_trainer.evaluate.inception import FIDInceptionV3
 

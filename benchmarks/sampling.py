@@ -4,22 +4,13 @@ in one process, same dtype, latents only (the VAE decode is left out of both); t
 with its forward compiled (`dit sample --compile`, what `auto` picks for FID-sized runs), timed
 after the first call, which compiles (its seconds are printed).
 
-`--malloc` adds, on CPU, our eager sampler with glibc's malloc as it comes and with
-`host_memory.keep_freed_memory` (what `dit sample` applies on CPU unless `--keep-freed-memory
-false`), each in a fresh process (the setting is process-wide): img/s, kernel CPU seconds and minor
-page faults per sampling run, peak RSS.
-
     python benchmarks/sampling.py                       # DiT-S/2 batch 4, DiT-B/2 batch 2, fp32, CPU
-    python benchmarks/sampling.py --no-diffusers --no-compile --models DiT-S/2 --batch-sizes 32 --malloc
     python benchmarks/sampling.py --device cuda --batch-sizes 64,32 --dtype bf16
 """
 
 import argparse
-import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -132,56 +123,6 @@ def bench(name, batch, steps, dtype, device, reps, with_diffusers=True, compile=
     return out
 
 
-def malloc_child(args) -> None:
-    """`--malloc-child MODE`: time our eager sampler for the one model/batch given; print a MALLOC line."""
-    from dit_trainer.host_memory import keep_freed_memory
-
-    if args.malloc_child == "keep":
-        assert keep_freed_memory(), "keep_freed_memory had no effect (not glibc?)"
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    batch = int(args.batch_sizes.split(",")[0])
-    model = _random_dit(args.models.split(",")[0]).to(device, dtype).eval()
-    labels = [(207 + 13 * i) % 1000 for i in range(batch)]
-    from dit_trainer.sample import sample_latents
-
-    def ours(n_steps=args.steps):
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            sample_latents(model, None, labels, cfg_scale=4.0, sampler="ddim", steps=n_steps, seed=0, device=device)
-
-    ours(2)  # warm-up, as in the main table
-    best = None
-    for _ in range(args.reps):
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        t = _timed(ours, device)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        run = (t, after.ru_stime - before.ru_stime, after.ru_minflt - before.ru_minflt)
-        best = run if best is None or t < best[0] else best
-    with open("/proc/self/status") as f:
-        hwm = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
-    print("MALLOC " + json.dumps({"img_s": batch / best[0], "sys_s": best[1], "faults": best[2], "peak_mib": hwm}))
-
-
-def malloc_table(args) -> None:
-    """Our eager sampler with glibc's default malloc and with freed memory kept, each in a fresh process."""
-    print("| model | batch | malloc | img/s | kernel CPU s per run | minor faults per run | peak RSS MiB | vs glibc default |")
-    print("|---|--:|---|--:|--:|--:|--:|--:|")
-    for name, batch in zip(args.models.split(","), args.batch_sizes.split(",")):
-        rows = {}
-        for mode in ("default", "keep"):
-            cmd = [sys.executable, os.path.abspath(__file__), "--malloc-child", mode, "--models", name,
-                   "--batch-sizes", batch, "--steps", str(args.steps), "--dtype", args.dtype, "--device", args.device,
-                   "--reps", str(args.reps)] + (["--threads", str(args.threads)] if args.threads else [])
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("MALLOC ")), None)
-            if line is None:
-                sys.exit(f"--malloc run ({mode}) failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-            rows[mode] = r = json.loads(line[len("MALLOC "):])
-            label = "glibc default" if mode == "default" else "keep_freed_memory"
-            print(f"| {name} | {batch} | {label} | {r['img_s']:.3g} | {r['sys_s']:.2f} | {r['faults']:,} | "
-                  f"{r['peak_mib']:.0f} | {r['img_s'] / rows['default']['img_s']:.2f}x |", flush=True)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="DiT-S/2,DiT-B/2")
@@ -193,15 +134,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--no-diffusers", action="store_true", help="time our sampler only (no diffusers needed)")
     p.add_argument("--no-compile", action="store_true", help="leave out the compiled row (`dit sample --compile true`)")
-    p.add_argument("--malloc", action="store_true",
-                   help="CPU: also time ours with glibc's default malloc and with freed memory kept, in fresh processes")
-    p.add_argument("--malloc-child", choices=("default", "keep"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.malloc_child:
-        malloc_child(args)
-        return 0
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     models = args.models.split(",")
@@ -229,11 +164,6 @@ def main() -> int:
                  f"{compiled / theirs:.2f}x" if compiled and theirs else "-",
                  f"{r['compile_s']:.0f}" if compiled else "-"]
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
-    if args.malloc and args.device == "cpu":
-        # Fresh processes, and after the table above, which ran with glibc's malloc untouched.
-        print(f"\n# our eager sampler, DDIM-{args.steps}, best of {args.reps} runs after a 2-step warm-up, each "
-              "malloc mode in a fresh process (host_memory.keep_freed_memory is process-wide)")
-        malloc_table(args)
     return 0
 
 

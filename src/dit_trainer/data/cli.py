@@ -9,8 +9,9 @@ from dit_trainer.host_memory import add_keep_freed_memory_argument, keep_freed_m
 def _extract(args) -> int:
     from dit_trainer.data.extract import run_extract
 
-    # A VAE encode of SD's size at 256 px frees ~100 MiB activations as it goes: on CPU glibc
-    # unmapped and page-faulted them back every batch (1.25x images/s with them kept, 2 AVX2 cores).
+    # A VAE encode of SD's size frees activations of up to 256 MiB as it goes (8 images of 256 px,
+    # 128 channels): on CPU glibc unmapped and page-faulted them back every batch (benchmarks/malloc.py:
+    # 1.36x images/s with them kept, at 1.44x the peak RSS).
     keep_freed_memory_on(args.device, args.keep_freed_memory)
     stats = run_extract(
         args.data_path, args.vae, args.image_size, args.out, batch_size=args.batch_size,

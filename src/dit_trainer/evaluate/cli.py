@@ -43,8 +43,9 @@ def run(args) -> int:
     """Run `dit eval` with parsed arguments."""
     from dit_trainer.evaluate.evaluator import evaluate, reference_from_images
 
-    # Inception at batch 64 frees activations of up to ~250 MiB per layer: on CPU glibc unmapped
-    # and page-faulted them back every batch (1.5x images/s with them kept, 2 AVX2 cores).
+    # Inception at batch 64 frees activations of up to ~170 MiB per layer: on CPU glibc unmapped and
+    # page-faulted them back every batch (benchmarks/malloc.py: 1.52x images/s with them kept, at
+    # 1.9x the peak RSS).
     keep_freed_memory_on(args.device, args.keep_freed_memory)
     if args.ref_from_images:
         if args.samples or args.ref:
