@@ -72,7 +72,7 @@ def test_trainer_applies_it_on_cpu_unless_switched_off(tmp_path, setting):
 RULES = r"""
 from dit_trainer.host_memory import freed_memory_kept, keep_freed_memory_on
 assert keep_freed_memory_on("cuda") is False  # GPU runs leave the host's malloc alone
-assert keep_freed_memory_on("cpu", "false") is False
+assert keep_freed_memory_on("cpu", False) is False
 assert keep_freed_memory_on("not a device") is False  # the command's own check words that error
 assert not freed_memory_kept()
 assert keep_freed_memory_on("cpu") is True and freed_memory_kept()

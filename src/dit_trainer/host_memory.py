@@ -70,10 +70,10 @@ def add_keep_freed_memory_argument(parser) -> None:
                              "peak RSS where layer sizes vary (Inception, VAE)")
 
 
-def keep_freed_memory_on(device, setting: str = "true") -> bool:
-    """Apply keep_freed_memory for a command computing on `device` (a name, a torch.device, or None
-    for CUDA when available, else CPU) unless `setting` is "false"; True once in effect."""
-    if setting != "true":
+def keep_freed_memory_on(device, enabled: bool = True) -> bool:
+    """Apply keep_freed_memory if `enabled` and `device` (a name, a torch.device, or None for CUDA
+    when available, else CPU) is a CPU: the trainer's and the commands' one rule; True once in effect."""
+    if not enabled:
         return False
     import torch
 

@@ -12,7 +12,7 @@ def _extract(args) -> int:
     # A VAE encode of SD's size frees activations of up to 256 MiB as it goes (8 images of 256 px,
     # 128 channels): on CPU glibc unmapped and page-faulted them back every batch (benchmarks/malloc.py:
     # 1.36x images/s with them kept, at 1.44x the peak RSS).
-    keep_freed_memory_on(args.device, args.keep_freed_memory)
+    keep_freed_memory_on(args.device, args.keep_freed_memory == "true")
     stats = run_extract(
         args.data_path, args.vae, args.image_size, args.out, batch_size=args.batch_size,
         shard_size=args.shard_size, vae_dtype=args.vae_dtype, dtype=args.dtype, flips=not args.no_flips,

@@ -46,7 +46,7 @@ def run(args) -> int:
     # Inception at batch 64 frees activations of up to ~170 MiB per layer: on CPU glibc unmapped and
     # page-faulted them back every batch (benchmarks/malloc.py: 1.52x images/s with them kept, at
     # 1.9x the peak RSS).
-    keep_freed_memory_on(args.device, args.keep_freed_memory)
+    keep_freed_memory_on(args.device, args.keep_freed_memory == "true")
     if args.ref_from_images:
         if args.samples or args.ref:
             raise ConfigError("--ref-from-images builds a reference; run --samples/--ref as a separate command")

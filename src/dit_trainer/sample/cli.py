@@ -114,7 +114,7 @@ def run(args) -> int:
 
     check_args(args)
     device = resolve_device(args.device, "--device")
-    keep_freed_memory_on(device, args.keep_freed_memory)
+    keep_freed_memory_on(device, args.keep_freed_memory == "true")
     model, cfg = load_model(args.ckpt, args.model, args.image_size, args.num_classes, prefer_ema=args.weights == "ema")
     check_cfg_channels(args, model)
     model.to(device)

@@ -18,7 +18,7 @@ from torch._functorch import config as functorch_config
 from dit_trainer.config import as_config, validate
 from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import ConfigError
-from dit_trainer.host_memory import keep_freed_memory
+from dit_trainer.host_memory import keep_freed_memory_on
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
@@ -53,8 +53,8 @@ class DiTTrainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             enable_tf32()
-        if self.device.type == "cpu" and cfg.train.keep_freed_memory:
-            keep_freed_memory()  # before the model: its first steps then settle into a heap they reuse
+        # Before the model: its first steps then settle into a heap they reuse.
+        keep_freed_memory_on(self.device, cfg.train.keep_freed_memory)
         self._check_layout()
         self.amp_dtype = resolve_amp_dtype(cfg.train.mixed_precision, self.device)
         torch.manual_seed(cfg.train.seed)
