@@ -45,18 +45,11 @@ import time
 import torch
 import train_step_variants
 from train_step_interleave import check_interleavable, paired_ratio, time_interleaved
-from train_step_variants import (DTYPES, build_trainer, default_variants, make_batch, make_config, parse_variant,
-                                 undone_changes)
-
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+from train_step_variants import (DTYPES, build_trainer, default_variants, make_batch, make_config, new_row,
+                                 parse_variant, sync, undone_changes, warm_up)
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def loadavg() -> str:
@@ -170,15 +163,8 @@ def _time_variant(args, variant: dict, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     trainer = build_trainer(args, variant)
     batch = make_batch(args, device)
-    compute = DTYPE_NAMES.get(trainer.amp_dtype, "fp32")  # bf16 falls back to fp32 without native support
-    warmup = max(args.warmup, 2) if variant["compile"] else args.warmup  # compile happens in the first steps
-    warm_times = []  # printed: they show the compile and, on a CPU, the page-fault transient
-    for _ in range(warmup):
-        t0 = time.perf_counter()
-        trainer.train_step(batch)
-        sync(device)
-        warm_times.append(time.perf_counter() - t0)
-    times = []
+    row = new_row(variant, trainer, warm_up(args, variant, trainer, batch, device))
+    times = row["times"]
     before = resource.getrusage(resource.RUSAGE_SELF)  # kernel time and page faults of the timed steps
     deferred = getattr(trainer, "deferred", None)
     if deferred is not None:
@@ -190,7 +176,7 @@ def _time_variant(args, variant: dict, device) -> dict:
             trainer.deferred_step(batch)
         deferred.flush(trainer)
         sync(device)
-        times = [(time.perf_counter() - t0) / args.steps] * args.steps
+        times += [(time.perf_counter() - t0) / args.steps] * args.steps
     for _ in range(args.steps if deferred is None else 0):
         sync(device)
         t0 = time.perf_counter()
@@ -198,10 +184,8 @@ def _time_variant(args, variant: dict, device) -> dict:
         sync(device)
         times.append(time.perf_counter() - t0)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    row = {"variant": variant["name"], "compute": compute, "times": times, "warm_times": warm_times,
-           "sys_s": (after.ru_stime - before.ru_stime) / args.steps,
-           "minflt": (after.ru_minflt - before.ru_minflt) / args.steps,
-           "params": sum(p.numel() for p in trainer.model.parameters())}
+    row["sys_s"] = (after.ru_stime - before.ru_stime) / args.steps
+    row["minflt"] = (after.ru_minflt - before.ru_minflt) / args.steps
     if device.type == "cuda":
         row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
     del trainer, batch
@@ -331,7 +315,7 @@ def main():
     # changes it for the rest of the process (train.keep_freed_memory), so +sysmalloc rows run in
     # a fresh process of their own.
     if args.interleave:
-        rows = time_interleaved(args, variants, device, DTYPE_NAMES)
+        rows = time_interleaved(args, variants, device)
     else:
         order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
         timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only"])

@@ -20,7 +20,7 @@ import statistics
 import time
 
 import torch
-from train_step_variants import build_trainer, make_batch, undone_changes
+from train_step_variants import build_trainer, make_batch, new_row, undone_changes, warm_up
 
 
 def check_interleavable(variants: list[dict]) -> None:
@@ -33,8 +33,8 @@ def check_interleavable(variants: list[dict]) -> None:
         raise SystemExit("--interleave: +sysmalloc needs a process of its own; leave it out of --variants")
 
 
-def time_interleaved(args, variants: list[dict], device, dtype_names: dict) -> list[dict]:
-    """Rows as time_variant gives them, plus each variant's step time per round (`round_times`)."""
+def time_interleaved(args, variants: list[dict], device) -> list[dict]:
+    """Rows as time_variant gives them; a row's `times` are its step times in round order."""
     check_interleavable(variants)
     gc.collect()
     torch._dynamo.reset()
@@ -43,15 +43,9 @@ def time_interleaved(args, variants: list[dict], device, dtype_names: dict) -> l
     for v in variants:
         with undone_changes(v):
             trainer = build_trainer(args, v)
-            warm = []
-            for _ in range(max(args.warmup, 2) if v["compile"] else args.warmup):
-                t0 = time.perf_counter()
-                trainer.train_step(batch)
-                warm.append(time.perf_counter() - t0)
+            warm = warm_up(args, v, trainer, batch, device)
         trainers.append(trainer)
-        rows.append({"variant": v["name"], "compute": dtype_names.get(trainer.amp_dtype, "fp32"), "times": [],
-                     "warm_times": warm, "sys_s": 0.0, "minflt": 0.0,
-                     "params": sum(p.numel() for p in trainer.model.parameters())})
+        rows.append({**new_row(v, trainer, warm), "sys_s": 0.0, "minflt": 0.0})
     n = len(variants)
     for k in range(args.interleave):
         for j in range(n):
@@ -64,8 +58,6 @@ def time_interleaved(args, variants: list[dict], device, dtype_names: dict) -> l
                 after = resource.getrusage(resource.RUSAGE_SELF)
             rows[i]["sys_s"] += (after.ru_stime - before.ru_stime) / args.interleave
             rows[i]["minflt"] += (after.ru_minflt - before.ru_minflt) / args.interleave
-    for r in rows:
-        r["round_times"] = list(r["times"])
     del trainers
     gc.collect()
     return rows
@@ -73,5 +65,5 @@ def time_interleaved(args, variants: list[dict], device, dtype_names: dict) -> l
 
 def paired_ratio(base: dict, row: dict) -> tuple[float, float, float]:
     """(median, min, max) over rounds of base's step time / row's step time in the same round."""
-    ratios = [b / t for b, t in zip(base["round_times"], row["round_times"])]
+    ratios = [b / t for b, t in zip(base["times"], row["times"])]
     return statistics.median(ratios), min(ratios), max(ratios)

@@ -25,10 +25,12 @@ Every row is also given as a ratio to both baselines when they ran.
 import contextlib
 import os
 import tempfile
+import time
 
 import torch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def default_variants(has_bf16: bool, fp32: bool, ac: bool) -> list[str]:
@@ -186,3 +188,31 @@ def build_trainer(args, variant):
         for group in trainer.optimizer.param_groups:
             group["fused"], group["foreach"] = False, False
     return trainer
+
+
+# -- what both timing loops (one variant at a time, interleaved) share ------------------------
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(args, variant: dict, trainer, batch, device) -> list[float]:
+    """The untimed first steps, at least 2 with compile (it happens in them); their times are printed:
+    they show the compile and, on a CPU, the page-fault transient."""
+    times = []
+    for _ in range(max(args.warmup, 2) if variant["compile"] else args.warmup):
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def new_row(variant: dict, trainer, warm_times: list[float]) -> dict:
+    """A variant's row before its timed steps: the dtype its matmuls run in and its size."""
+    return {"variant": variant["name"], "times": [], "warm_times": warm_times,
+            # bf16 falls back to fp32 without native support
+            "compute": DTYPE_NAMES.get(trainer.amp_dtype, "fp32"),
+            "params": sum(p.numel() for p in trainer.model.parameters())}
