@@ -8,11 +8,15 @@ multiplied by the VAE config's `scaling_factor` (0.18215 for the SD VAEs), and s
 
 import importlib.util
 import os
+import warnings
 from typing import Optional, Tuple, Union
 
 import torch
 
 from dit_trainer.errors import DataError
+
+# Seconds the one reachability check of the Hub may take before an uncached id is reported as unavailable.
+HUB_PROBE_TIMEOUT_S = 5
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -42,6 +46,51 @@ def _autoencoder_class():
     return AutoencoderKL
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _quiet_from_pretrained(AutoencoderKL, name: str, **kwargs):
+    # diffusers passes the deprecated local_dir_use_symlinks to huggingface_hub, which warns on every load.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*")
+        return AutoencoderKL.from_pretrained(name, **kwargs)
+
+
+def _hub_unreachable(name: str) -> Optional[str]:
+    """Why config.json of Hub repo `name` cannot be fetched right now, or None when it can."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    # One HEAD request without retries: offline, the default download retries 5 times for ~30 s.
+    try:
+        get_hf_file_metadata(hf_hub_url(name, "config.json"), timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 - any failure here means the download cannot work
+        return _first_line(err)
+    return None
+
+
+def _load_hub_vae(AutoencoderKL, name: str, kwargs: dict):
+    """The VAE of Hub id `name`: from the local cache, else downloaded if the Hub answers at once."""
+    try:
+        return _quiet_from_pretrained(AutoencoderKL, name, local_files_only=True, **kwargs)
+    except (OSError, ValueError):
+        pass
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    reason = _hub_unreachable(name)
+    if reason is not None:
+        raise DataError(
+            f"VAE {name!r} is not in the Hugging Face cache ({HF_HUB_CACHE}) and cannot be downloaded ({reason}); "
+            f"pass a local folder saved with save_pretrained (--vae DIR), or set HF_HOME to a cache that holds it"
+        )
+    try:
+        return _quiet_from_pretrained(AutoencoderKL, name, **kwargs)
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot download VAE {name!r} ({_first_line(err)}); pass a local folder saved with "
+                        f"save_pretrained (--vae DIR)") from None
+
+
 def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[str, torch.device] = "cpu"):
     """A frozen, eval-mode AutoencoderKL from a Hub id or a save_pretrained folder."""
     dtype = resolve_dtype(dtype)
@@ -60,20 +109,12 @@ def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[s
         try:
             vae = AutoencoderKL.from_pretrained(folder, **kwargs)
         except (OSError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise DataError(f"cannot load the VAE in {folder} ({first}); re-save it with save_pretrained") from None
+            raise DataError(f"cannot load the VAE in {folder} ({_first_line(err)}); re-save it with save_pretrained") from None
     elif _looks_like_path(name):
         raise DataError(f"VAE folder {name} does not exist; pass an existing folder or a Hub id "
                         f"like stabilityai/sd-vae-ft-mse")
     else:
-        try:
-            vae = AutoencoderKL.from_pretrained(name, **kwargs)
-        except (OSError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise DataError(
-                f"cannot load VAE {name!r} ({first}); it is not in the Hugging Face cache and the Hub is "
-                f"unreachable or has no such repo: pass a local folder saved with save_pretrained (--vae DIR)"
-            ) from None
+        vae = _load_hub_vae(AutoencoderKL, name, kwargs)
     if type(vae).__name__ != "AutoencoderKL":
         raise DataError(f"{name} holds a {type(vae).__name__}, not an AutoencoderKL; pass a KL VAE")
     vae.requires_grad_(False)
