@@ -130,6 +130,13 @@ def test_empty_folder(tmp_path):
     expect_error(lambda: NpyLatentFolder(tmp_path / "missing"), "missing")
 
 
+def test_shards_without_manifest_say_it_is_missing(tmp_path):
+    np.save(tmp_path / "shard-00000.npy", np.zeros((3, 2, 2, *SHAPE), np.float16))
+    np.save(tmp_path / "shard-00000.labels.npy", np.zeros(3, np.int64))
+    msg = expect_error(lambda: open_latent_dataset(tmp_path), "manifest.json is missing")
+    assert "dit extract" in msg and f"dit data verify {tmp_path}" in msg and "int64" not in msg
+
+
 @pytest.mark.parametrize(
     "arr",
     [np.zeros((4, 2), np.float32), np.zeros((2, 4, 2, 3), np.float32), np.zeros((4, 2, 5), np.float32),

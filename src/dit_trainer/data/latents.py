@@ -255,6 +255,12 @@ class FastDiTFeatures(_LatentFiles):
         super().__init__(paths, labels, shape, n, None, random_flip, seed)
 
 
+def _looks_like_shards(path: str) -> bool:
+    # A shard's labels file, or extract's plan: read as a .npy folder they give a wrong error about dtypes.
+    return os.path.isfile(os.path.join(path, "extract.json")) or any(
+        n.startswith("shard-") and n.endswith(".labels.npy") for n in os.listdir(path))
+
+
 def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, labels_file=None, unconditional=None):
     """The latent dataset at `path`, its layout detected: shards, fast-DiT features or a `.npy` folder.
 
@@ -284,6 +290,12 @@ def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, label
                 f"{num_classes}; raise num_classes"
             )
         return ds
+    if _looks_like_shards(path):
+        raise DataError(
+            f"{os.path.join(path, 'manifest.json')} is missing, though {path} holds latent shards; re-run the "
+            f"`dit extract` (or `dit data convert`) that wrote them with the same arguments and --out to finish and "
+            f"write it (finished shards are kept), then check it with `dit data verify {path}`"
+        )
     if os.path.isdir(os.path.join(path, FASTDIT_FEATURES)):
         return FastDiTFeatures(path, num_classes=num_classes, random_flip=random_flip, seed=seed)
     # Pointing at the features folder itself would otherwise load it label-less, every label 0.
