@@ -34,3 +34,16 @@ def test_checkpoint_folder_and_json_must_agree(pt_and_json, tmp_path):
     with pytest.raises(ConfigError) as err:
         L.load_model(folder, str(other))
     assert "hidden_size 64" in str(err.value) and "hidden_size 32" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_run_folder_without_checkpoint_says_so(tmp_path):
+    from dit_trainer.errors import CheckpointError
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("model:\n  name: DiT-S/2\n")
+    with pytest.raises(CheckpointError, match="has a config.yaml but no checkpoint yet") as err:
+        L.load_model(tmp_path / "run")
+    assert "has no config.yaml" not in str(err.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        L.load_model(tmp_path / "empty")

@@ -22,7 +22,13 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
     if path.is_dir() and not any((path / name).is_file() for name in weights):
         latest = latest_checkpoint(path)  # a run's output_dir: take its newest checkpoint
         if latest is None:
-            raise CheckpointError(f"{ckpt} has no config.yaml; pass a checkpoint directory like OUTPUT_DIR/checkpoints/step-00001000")
+            if (path / "config.yaml").is_file():
+                # A run stopped before its first save (or a step folder that lost its weights).
+                raise CheckpointError(
+                    f"{ckpt} has a config.yaml but no checkpoint yet (no {path / 'checkpoints'}/step-* folder, no "
+                    f"model.safetensors); train it until it saves one (checkpoint.save_steps) or pass another run")
+            raise CheckpointError(f"{ckpt} holds no checkpoint; pass a checkpoint directory like "
+                                  f"OUTPUT_DIR/checkpoints/step-00001000 or a run's OUTPUT_DIR")
         path = latest
     from_file = bool(model_name) and is_model_file(model_name)
     if path.is_dir():
