@@ -15,22 +15,35 @@ class ShardedEMA:
         if isinstance(model_parts, nn.Module):
             model_parts = [model_parts]
         self.model_parts = list(model_parts)
-        # Frozen parameters (pos_embed) are kept too, so the exported EMA loads with strict=True.
+        # Frozen parameters (pos_embed) are kept too, so the exported EMA loads with strict=True;
+        # `update` copies them, since averaging a constant rounds it away from itself in fp32 and
+        # exporters check pos_embed against DiT's exact table.
         self.shadow = {
             name: p.detach().clone() for part in self.model_parts for name, p in part.named_parameters()
         }
 
     def _pairs(self):
         # Built once: the parameters (and their DTensor shards) keep their identity for the run.
+        # ((EMA, param) shards of trained parameters), ((EMA, param) shards of frozen ones).
         if getattr(self, "_cached", None) is None:
             named = {n: p for part in self.model_parts for n, p in part.named_parameters()}
-            self._cached = [local(self.shadow[n]) for n in named], [local(p.detach()) for p in named.values()]
+
+            def shards(names):
+                return [local(self.shadow[n]) for n in names], [local(named[n].detach()) for n in names]
+
+            self._cached = (shards([n for n, p in named.items() if p.requires_grad]),
+                            shards([n for n, p in named.items() if not p.requires_grad]))
         return self._cached
 
     @torch.no_grad()
     def update(self, decay: float, skip=None) -> None:
-        """One EMA step; decay=0 copies the parameters; `skip`, a 0-d tensor, leaves the EMA as it is where 1."""
-        ema, params = self._pairs()
+        """One EMA step of the trained parameters (decay=0 copies them; `skip`, a 0-d tensor, leaves
+        them as they are where 1); frozen ones are copied."""
+        (ema, params), (frozen_ema, frozen) = self._pairs()
+        if frozen:
+            torch._foreach_copy_(frozen_ema, frozen)
+        if not ema:
+            return
         if skip is not None:
             # Decided on the device (train.host_sync log): ema + w (param - ema), w = 0 when skipped.
             weight = (1.0 - decay) * (1.0 - skip.float())
