@@ -76,7 +76,8 @@ def read(src, model=None, vae=None) -> Bundle:
     names = _labels(path) or dataset_class_names(cfg)
     source = vae_source(cfg, vae)
     vae_id, scaling, shift = source if source else (None, None, None)
-    if shift is not None:
+    # `dit extract` records shift_factor 0.0 for VAEs without one; only a real shift cannot be exported.
+    if shift is not None and float(shift) != 0.0:
         raise ConfigError(f"{path}: the latents carry a shift factor ({shift}), which diffusers' DiTPipeline cannot undo")
     diffusion = {"num_timesteps": cfg.diffusion.num_timesteps, "noise_schedule": cfg.diffusion.noise_schedule,
                  "predict_xstart": cfg.diffusion.predict_xstart}
