@@ -70,8 +70,11 @@ def _lazy_family_help(parser) -> None:
         lines = [plain().rstrip(), ""]
         for family, docs in family_docs():
             lines.append(f"model options of the {family} family:")
-            lines += [f"  {'--' + d.key + ' ' + d.type.split()[0].upper():24s}{d.help} [{d.type}, default: {show(d.default)}]"
-                      for d in docs]
+            for d in docs:
+                option = f"--{d.key} {d.type.split()[0].upper()}"
+                # As argparse lays out the keys above: an option too long for its column puts the help below it.
+                sep = "\n" + " " * 24 if len(option) > 20 else " " * (22 - len(option))
+                lines.append(f"  {option}{sep}{d.help} [{d.type}, default: {show(d.default)}]")
         return "\n".join(lines) + "\n"
 
     parser.format_help = format_help

@@ -11,15 +11,15 @@ class LargeDiTConfig:
     """Options of a DiT-LLaMA. Size fields left None keep the named size's value (LargeDiT-7B/2:
     dim 4096, 32 layers, 32 heads); the rest default to the release's values."""
 
-    dim: Optional[int] = None
-    n_layers: Optional[int] = None
-    n_heads: Optional[int] = None
-    n_kv_heads: Optional[int] = None  # None: as many kv heads as query heads (no GQA)
+    dim: Optional[int] = None  # token width (default: the named size's)
+    n_layers: Optional[int] = None  # transformer layers (default: the named size's)
+    n_heads: Optional[int] = None  # query heads; dim / n_heads must be even (default: the named size's)
+    n_kv_heads: Optional[int] = None  # key/value heads, dividing n_heads; None: as many as query heads (no GQA)
     multiple_of: int = 256  # SwiGLU hidden width is rounded up to a multiple of this
-    ffn_dim_multiplier: Optional[float] = None
-    norm_eps: float = 1e-5
-    qk_norm: bool = False  # the release's bf16 recipe (its 7B checkpoint) turns this on
-    patch_size: int = 2
+    ffn_dim_multiplier: Optional[float] = None  # scales the SwiGLU hidden width (8/3 x dim) before rounding; None: 1
+    norm_eps: float = 1e-5  # eps of the RMSNorms
+    qk_norm: bool = False  # normalise queries and keys; the release's bf16 recipe (its 7B checkpoint) turns this on
+    patch_size: int = 2  # side of the latent patch one token covers; input_size must be a multiple of it
 
 
 def check_sizes(dim: int, n_heads: int, n_kv_heads: Optional[int]) -> None:
