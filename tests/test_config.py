@@ -97,3 +97,22 @@ def test_shipped_configs_load():
 def test_nested_dict():
     cfg = config_from_dict({"train": {"seed": 3}, "output_dir": "x"})
     assert cfg.train.seed == 3 and cfg.output_dir == "x"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--optim.learnig_rate", "1e-3"], "did you mean 'optim.lr'?"),  # a synonym, not model.learn_sigma
+    (["--model.n_layers", "2"], "model.n_layers is a LargeDiT key; DiT's is 'model.depth'"),
+    (["--model.name", "LargeDiT-600M/2", "--model.depth", "2"], "model.depth is a DiT key; LargeDiT's is 'model.n_layers'"),
+    (["--model.name", "LargeDiT-600M/2", "--model.hidden_size", "64"], "LargeDiT's is 'model.dim'"),
+])
+def test_suggestions_follow_synonyms_and_families(args, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, args)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_misspelt_section_in_yaml_names_it(tmp_path):
+    (tmp_path / "c.yaml").write_text("trian:\n  max_steps: 5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "c.yaml")
+    assert str(err.value) == "unknown config key 'trian'; did you mean 'train'?"

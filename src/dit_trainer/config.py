@@ -5,7 +5,6 @@ Field names follow what PaddleMIX/DiT users already type (`model.name`, `data.pa
 """
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -14,7 +13,7 @@ import yaml
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.transport.config import TransportConfig
-from dit_trainer.typed import closest_key_error, coerce
+from dit_trainer.typed import closest_key, closest_key_error, coerce
 
 
 @dataclass
@@ -197,18 +196,14 @@ def _all_keys(cls=Config, prefix="") -> list[str]:
 
 
 def _unknown(key: str, obj, prefix: str) -> ConfigError:
-    # Close matches come from every key (a key typed into the wrong section is found); without
-    # one, only the keys of the section the user was in are listed.
+    # Close matches come from every key (a key typed into the wrong section is found), a key of
+    # the same section winning a tie; section names count as top-level keys (`trian:` is train).
+    # Without a match, only the keys of the section the user was in are listed.
     listed = [prefix + f.name for f in dataclasses.fields(obj) if f.name != "options"]
-    keys = [k for k in _all_keys() if k != "model.options"]
-    # Match the field name itself ("optim.zzzz" shares "optim." with every optim key); a key of
-    # the same section wins over one elsewhere.
-    leaf, section = key.split(".")[-1], key.rpartition(".")[0]
-    leaves = difflib.get_close_matches(leaf, sorted({k.split(".")[-1] for k in keys}), n=3, cutoff=0.6)
-    close = sorted((k for k in keys if k.split(".")[-1] in leaves),
-                   key=lambda k: (leaves.index(k.split(".")[-1]), k.rpartition(".")[0] != section))
+    keys = [k for k in _all_keys() if k != "model.options"] + list(SECTIONS)
+    close = closest_key(key, keys, section=key.rpartition(".")[0])
     if close:
-        return ConfigError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
+        return ConfigError(f"unknown config key {key!r}; did you mean {close!r}?")
     return closest_key_error(key, [], listed)
 
 

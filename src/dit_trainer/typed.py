@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 import types
 import typing
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import yaml
 
@@ -62,6 +62,42 @@ def coerce(value: Any, tp, key: str):
 
 
 
+# Names users bring from other code bases (PaddleMIX, LLaMA, the other model family) for a key of ours.
+SYNONYMS = {
+    "learning_rate": "lr",
+    "n_layers": "depth",
+    "num_layers": "depth",
+    "depth": "n_layers",
+    "num_heads": "n_heads",
+    "n_heads": "num_heads",
+    "hidden_size": "dim",
+    "dim": "hidden_size",
+}
+
+
+def closest_name(name: str, names) -> Optional[str]:
+    """The one of `names` that `name` most likely means: a synonym (`learning_rate` -> `lr`), else
+    the closest spelling; None when nothing is close."""
+    names = list(names)
+    for known in difflib.get_close_matches(name, list(SYNONYMS), n=3, cutoff=0.8):
+        if SYNONYMS[known] in names:
+            return SYNONYMS[known]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def closest_key(key: str, candidates, section: Optional[str] = None) -> Optional[str]:
+    """The dotted candidate whose field name is closest to `key`'s, one in `section` where several
+    share that name (sections are not compared: `optim.zzzz` shares `optim.` with every optim key)."""
+    by_leaf = {}
+    for c in candidates:
+        by_leaf.setdefault(c.rpartition(".")[2], []).append(c)
+    leaf = closest_name(key.rpartition(".")[2], by_leaf)
+    if leaf is None:
+        return None
+    return min(by_leaf[leaf], key=lambda c: c.rpartition(".")[0] != section)
+
+
 def closest_key_error(key: str, candidates, listed=None) -> ConfigError:
     """An unknown-key error naming the closest valid key, or listing `listed` (default: the candidates).
 
@@ -69,9 +105,9 @@ def closest_key_error(key: str, candidates, listed=None) -> ConfigError:
     too long to read on one line.
     """
     candidates = list(candidates)
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    close = closest_key(key, candidates)
     listed = candidates if listed is None else list(listed)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(listed)}"
+    hint = f"; did you mean {close!r}?" if close else f"; valid keys: {', '.join(listed)}"
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.typed import build_dataclass, closest_key_error
+from dit_trainer.typed import build_dataclass, closest_key_error, closest_name
 
 # The model-config fields every family's constructor takes (the rest are the family's options).
 SHARED_FIELDS = ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")
@@ -109,11 +109,32 @@ def family_options(name: str, options: Mapping, model=None) -> dict:
         if key not in own:
             # A typo of a shared field ("nmae") should point there, not at the family's options.
             candidates = ["name", *SHARED_FIELDS, "weights_path", "config_file", *own]
-            raise closest_key_error(f"model.{key}", [f"model.{c}" for c in candidates])
+            raise _other_family_error(key, spec, candidates) or closest_key_error(
+                f"model.{key}", [f"model.{c}" for c in candidates])
     typed = build_dataclass(spec.config_cls, dict(options), prefix="model.")
     if model is not None and hasattr(typed, "check"):
         typed.check(spec.name, model)
     return {k: getattr(typed, k) for k in options}
+
+
+def _family_label(family: str) -> str:
+    """A family as users know it: its first registered name's stem (DiT, LargeDiT)."""
+    names = [n for n, s in _REGISTRY.items() if s.family == family]
+    return names[0].split("-")[0] if names else family
+
+
+def _other_family_error(key: str, spec: ModelSpec, candidates) -> Optional[ConfigError]:
+    """When `key` is another family's option (`n_layers` on a DiT), an error naming that family and
+    this one's counterpart (`depth`); None when no other family has it."""
+    for other in _REGISTRY.values():
+        if other.config_cls is None or other.family == spec.family:
+            continue
+        if key in {f.name for f in dataclasses.fields(other.config_cls)}:
+            mine = _family_label(spec.family)
+            close = closest_name(key, candidates)
+            hint = f"{mine}'s is 'model.{close}'" if close else f"{spec.name} has no such option"
+            return ConfigError(f"model.{key} is a {_family_label(other.family)} key; {hint}")
+    return None
 
 
 def build_kwargs(cfg, config_cls) -> tuple[dict, Any]:
