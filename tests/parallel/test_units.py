@@ -23,7 +23,9 @@ def test_free_degree_takes_the_rest():
     "kwargs,needle",
     [
         (dict(dp_shard=1, tp=4, world_size=2), "do not multiply to the world size 2"),
-        (dict(dp_shard=-1, tp=3, world_size=4), "do not multiply to the world size 4"),
+        # dp_shard is already -1: what conflicts is tp and the world size.
+        (dict(dp_shard=-1, tp=3, world_size=4), "parallel.tp=3 needs a multiple of 3 processes, but the world size is 4"),
+        (dict(dp_shard=-1, tp=2, world_size=1), "parallel.dp_shard=-1 gets no whole share"),
         (dict(dp_shard=-1, tp=-1, world_size=4), "only one parallel degree may be -1"),
         (dict(dp_shard=0, world_size=1), "must be positive or -1"),
     ],

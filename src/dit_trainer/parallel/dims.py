@@ -38,7 +38,7 @@ class ParallelDims:
             fixed *= d if d != -1 else 1
         if free:
             if self.world_size % fixed:
-                raise ConfigError(self._mismatch(degrees))
+                raise ConfigError(self._no_share(degrees, free[0], fixed))
             setattr(self, free[0], self.world_size // fixed)
             degrees[free[0]] = self.world_size // fixed
         elif fixed != self.world_size:
@@ -49,6 +49,15 @@ class ParallelDims:
         return (
             f"parallel degrees {shown} do not multiply to the world size {self.world_size}; "
             f"change them or set one to -1 to take the rest"
+        )
+
+    def _no_share(self, degrees, free: str, fixed: int) -> str:
+        # The -1 is already there: what conflicts is the set degrees' product and the world size.
+        set_ = [f"parallel.{n}={d}" for n, d in degrees.items() if d not in (1, -1)]
+        return (
+            f"{' x '.join(set_)} need{'s' if len(set_) == 1 else ''} a multiple of {fixed} processes, but the "
+            f"world size is {self.world_size}, so parallel.{free}=-1 gets no whole share; launch a multiple of "
+            f"{fixed} processes (torchrun --nproc_per_node) or lower {'it' if len(set_) == 1 else 'them'}"
         )
 
     @classmethod

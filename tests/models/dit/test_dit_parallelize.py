@@ -1,11 +1,14 @@
 """DiT's parallel plan in-process: pipeline stages compose to the model, names survive."""
 
 import copy
+import types
 
+import pytest
 import torch
 
+from dit_trainer.errors import ConfigError
 from dit_trainer.models import DiT
-from dit_trainer.models.dit.parallelize import split_stage, units
+from dit_trainer.models.dit.parallelize import apply_tp, split_stage, units
 
 
 def _tiny(**kw):
@@ -35,3 +38,13 @@ def test_stage_units_keep_their_original_indices():
     stage = split_stage(_tiny(), 1, 3, first=False, last=True)
     assert list(stage.blocks) == ["1", "2"] and len(units(stage)) == 2
     assert not hasattr(stage, "x_embedder") and hasattr(stage, "final_layer")
+
+
+
+def test_tp_error_names_only_what_does_not_divide():
+    # 3 heads of 8 channels, MLP 96 wide: tp 2 divides the MLP, not the heads.
+    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=24, depth=1, num_heads=3, num_classes=10)
+    with pytest.raises(ConfigError) as err:
+        apply_tp(model, types.SimpleNamespace(size=lambda: 2))  # the degree is checked before the mesh is used
+    text = str(err.value)
+    assert "3 attention heads (model.num_heads)" in text and "MLP" not in text and "divisor of 3" in text

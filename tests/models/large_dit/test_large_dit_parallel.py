@@ -124,3 +124,14 @@ def test_tp_and_fsdp_on_two_processes_equal_one(tmp_path):
     tp, fsdp = results["meta_7b"]["tp"], results["meta_7b"]["fsdp"]
     assert tp == {"wq": (2048, 4096), "wo": (4096, 2048), "q_norm": (2048,), "w2": (4096, 5504), "meta": True}
     assert fsdp["wq"] == (2048, 4096) and fsdp["w2"] == (2048, 11008) and fsdp["meta"]
+
+
+def test_tp_error_names_only_what_does_not_divide():
+    from dit_trainer.errors import ConfigError
+    from dit_trainer.models.large_dit.parallelize import apply_tp
+
+    model = DiT_Llama(**{**ARGS, "n_layers": 1, "n_heads": 4, "n_kv_heads": 1})
+    with pytest.raises(ConfigError) as err:
+        apply_tp(model, types.SimpleNamespace(size=lambda: 2))
+    text = str(err.value)
+    assert "1 kv heads (model.n_kv_heads)" in text and "query" not in text and "SwiGLU" not in text

@@ -1,6 +1,8 @@
 """DiT's parallel plan: which modules tensor parallelism splits, where pipeline stages cut, and
 which units activation checkpointing, compile and FSDP wrap. The machinery is `parallel/`'s."""
 
+import math
+
 import torch.nn as nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -35,11 +37,13 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     blocks = units(model)
     for block in blocks:
         heads = block.attn.qkv.out_features // 3 // block.attn.head_dim
-        if heads % tp or block.mlp.fc1.out_features % tp:
-            raise ConfigError(
-                f"parallel.tp={tp} does not divide the {heads} attention heads and "
-                f"{block.mlp.fc1.out_features} MLP channels; pick a divisor of {heads}"
-            )
+        channels = block.mlp.fc1.out_features
+        # Name only what does not divide: the MLP width usually does when the heads do not.
+        parts = [f"{n} {what}" for n, what in ((heads, "attention heads (model.num_heads)"), (channels, "MLP channels"))
+                 if n % tp]
+        if parts:
+            raise ConfigError(f"parallel.tp={tp} does not divide the {' and the '.join(parts)}; "
+                              f"pick a divisor of {math.gcd(heads, channels)}")
         # The fused [q | k | v] rows are regrouped so each rank's shard holds whole q, k and v heads.
         regroup_fused_rows(block.attn.qkv, 3, tp)
     apply_tp_plan(blocks, tp_mesh, TP_PLAN)

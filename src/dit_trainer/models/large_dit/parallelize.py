@@ -13,6 +13,8 @@ collective, although at 7B its 25M parameters per layer are 11% of the block (ro
 with an all-gather of the 6·dim modulation is the next step if memory asks for it).
 """
 
+import math
+
 import torch.nn as nn
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
@@ -69,11 +71,13 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     for layer in layers:
         attn = layer.attention
         hidden = layer.feed_forward.w1.out_features
-        if attn.n_heads % tp or attn.n_kv_heads % tp or hidden % tp:
-            raise ConfigError(
-                f"parallel.tp={tp} must divide the {attn.n_heads} query heads, {attn.n_kv_heads} kv heads "
-                f"and {hidden} SwiGLU channels of Large-DiT; pick a divisor of {attn.n_kv_heads}"
-            )
+        counts = ((attn.n_heads, "query heads (model.n_heads)"), (attn.n_kv_heads, "kv heads (model.n_kv_heads)"),
+                  (hidden, "SwiGLU channels"))
+        # Name only what does not divide.
+        parts = [f"{n} {what}" for n, what in counts if n % tp]
+        if parts:
+            raise ConfigError(f"parallel.tp={tp} does not divide the {' and the '.join(parts)} of Large-DiT; "
+                              f"pick a divisor of {math.gcd(*(n for n, _ in counts))}")
     apply_tp_plan(layers, tp_mesh, tp_plan(not isinstance(layers[0].attention.q_norm, nn.Identity)) if layers else {})
 
 
