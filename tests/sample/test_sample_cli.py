@@ -80,6 +80,17 @@ def test_cli_unknown_class_name_is_one_line(digits_ckpt, capsys):
     assert err.startswith("dit sample: error: unknown class name 'seven'") and "\n" not in err
 
 
+def test_guidance_interval_on_a_diffusion_run_is_refused(digits_ckpt, tmp_path, capsys):
+    assert sample_cli(digits_ckpt[0], "--class-labels", "1", "--guidance-interval", "0.2", "0.8",
+                      "--out", str(tmp_path / "g.png")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--guidance-interval applies to transport (SiT) runs" in err and "\n" not in err
+    assert not (tmp_path / "g.png").exists()
+    model, cfg = S.load_model(digits_ckpt[0])
+    with pytest.raises(ConfigError, match="guidance_interval applies to transport"):
+        S.sample_latents(model, cfg, [1], steps=2, guidance_interval=(0.2, 0.8))
+
+
 def test_ema_weights_are_loaded(digits_ckpt):
     model, cfg = S.load_model(digits_ckpt[0])
     assert cfg.model.depth == 2 and cfg.data.path == "digits"

@@ -81,6 +81,10 @@ def sampler_options(args, sampler) -> dict:
     if given.get("sde_last_step") == "None":
         given["sde_last_step"] = None
     if getattr(args, "guidance_interval", None) is not None:
+        if sampler not in ("ode", "sde"):
+            # The diffusion samplers' t is a DDPM timestep, so a [lo, hi] in transport time would never guide.
+            raise ConfigError(f"--guidance-interval applies to transport (SiT) runs, sampled with ode or sde; this run "
+                              f"samples with {sampler}: drop --guidance-interval")
         given["guidance_interval"] = tuple(args.guidance_interval)
     return given
 
