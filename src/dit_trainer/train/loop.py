@@ -24,6 +24,8 @@ def run(trainer) -> dict:
         return {}
     if main:
         _check_writable(cfg.output_dir)
+        if resumed is not None:
+            print(f"resuming from step {trainer.step} ({resumed})")
     wandb = {"project": cfg.logging.wandb_project, "config": cfg.to_dict()} if cfg.logging.wandb else None
     logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main, wandb=wandb)
     mfu = mfu_meter(trainer)

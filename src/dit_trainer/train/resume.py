@@ -35,6 +35,17 @@ def _from_main(value):
     return box[0]
 
 
+def warn(message: str) -> None:
+    """A UserWarning (filters and pytest.warns see it) shown as one line `warning: ...` on stderr,
+    not as Python's `file:line: UserWarning:` with the trainer's source line under it."""
+    shown = warnings.formatwarning
+    warnings.formatwarning = lambda text, *args, **kwargs: f"warning: {text}\n"
+    try:
+        warnings.warn(message, UserWarning, stacklevel=2)
+    finally:
+        warnings.formatwarning = shown
+
+
 def has_run(output_dir) -> bool:
     """Whether `output_dir` holds checkpoints or metrics of an earlier run."""
     out = Path(output_dir)
@@ -111,12 +122,12 @@ def resume_latest(trainer):
                 problem = error or f"{path} holds non-finite weights"
         if problem is None:
             if skipped and trainer.dims.is_main:
-                warnings.warn(f"resuming from {path} instead of the newer {', '.join(p.name for p, _ in skipped)}", stacklevel=2)
+                warn(f"resuming from {path} instead of the newer {', '.join(p.name for p, _ in skipped)}")
             apply_config_changes(trainer, path)
             return path
         skipped.append((path, problem))
         if trainer.dims.is_main:
-            warnings.warn(f"skipping checkpoint {path.name}: {problem}", stacklevel=2)
+            warn(f"skipping checkpoint {path.name}: {problem}")
     if skipped:
         raise CheckpointError(
             f"no usable checkpoint in {ckpt.checkpoint_root(trainer.cfg.output_dir)} (all {len(skipped)} failed; "
