@@ -120,3 +120,32 @@ def test_bf16_digits_features_stay_close():
     a = extract_features(net, images, progress=False)
     b = extract_features(net, images, dtype="bf16", progress=False)
     assert torch.allclose(torch.from_numpy(b.pool), torch.from_numpy(a.pool), rtol=0.05, atol=0.1)
+
+
+def test_reference_from_images_skips_and_lists_unreadable_images(tmp_path, capsys):
+    from PIL import Image
+
+    from dit_trainer.errors import DataError
+    from dit_trainer.evaluate.evaluator import reference_from_images, skipped_list_path
+
+    for i, img in enumerate(real_digits_uint8(np.arange(20))):
+        Image.fromarray(img[..., 0]).save(tmp_path / f"{i:03d}.png")
+    kwargs = dict(network="digits", image_size=16, device="cpu", progress=False, batch_size=7)
+    clean = reference_from_images(tmp_path, tmp_path / "clean.npz", **kwargs)
+    # Broken files sorted among the good ones, so whole batches, partial batches and the features' order are tested.
+    for name in ("005b.png", "013b.png"):
+        (tmp_path / name).write_bytes(b"not a png")
+    capsys.readouterr()
+    ref = reference_from_images(tmp_path, tmp_path / "ref.npz", **kwargs)
+    err = capsys.readouterr().err
+    listing = skipped_list_path(tmp_path / "ref.npz")
+    assert f"skipped 2 unreadable images, listed in {listing}" in err
+    assert [line.split("\t")[0] for line in listing.read_text().splitlines()] == ["005b.png", "013b.png"]
+    np.testing.assert_allclose(ref.sigma, clean.sigma, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ref.features, clean.features, rtol=1e-4, atol=1e-5)  # other batches: last bits only
+    with pytest.raises(DataError, match="005b.png: cannot read image"):
+        reference_from_images(tmp_path, tmp_path / "stop.npz", on_bad_image="stop", **kwargs)
+    for name in ("005b.png", "013b.png"):
+        (tmp_path / name).unlink()
+    reference_from_images(tmp_path, tmp_path / "ref.npz", **kwargs)
+    assert not listing.exists()  # a stale list would name images that are gone

@@ -31,6 +31,8 @@ def add_commands(sub) -> None:
                    help="network precision (default fp32; report fp32 numbers)")
     p.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     p.add_argument("--workers", type=int, default=0, help="image-loading workers for --ref-from-images")
+    p.add_argument("--on-bad-image", choices=("skip", "stop"), default="skip",
+                   help="--ref-from-images skips unreadable images and lists them in OUT's .skipped.txt, or stops")
     p.add_argument("--pr-features", type=int, default=10_000,
                    help="--ref-from-images keeps this many random images' features for precision/recall")
     p.add_argument("--json", metavar="OUT", help="also write the metrics as JSON here")
@@ -54,7 +56,7 @@ def run(args) -> int:
             raise ConfigError("--ref-from-images needs --out REF.npz")
         stats = reference_from_images(args.ref_from_images, args.out, args.network, args.weights, args.image_size,
                                       args.batch_size, args.dtype, args.device, not args.no_progress, args.workers,
-                                      args.pr_features)
+                                      args.pr_features, on_bad_image=args.on_bad_image)
         print(f"wrote {args.out}: {stats.mu.shape[0]}-d pool and {stats.mu_s.shape[0]}-d spatial statistics "
               f"({stats.network}), {len(stats.features)} pool features kept for precision/recall")
         return 0

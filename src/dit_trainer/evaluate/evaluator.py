@@ -1,5 +1,6 @@
 """The measurement: samples .npz + reference -> FID, sFID, IS, precision, recall (the ADM evaluator's set)."""
 
+import os
 import time
 from pathlib import Path
 
@@ -105,7 +106,8 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     return result
 
 
-def _image_batches(paths, image_size, batch_size, workers):
+def _image_batches(paths, image_size, batch_size, workers, on_bad_image, good, skipped):
+    """uint8 batches of the readable images; their indices go to `good`, (index, error) of the rest to `skipped`."""
     import numpy as np
     from torch.utils.data import DataLoader
 
@@ -116,25 +118,42 @@ def _image_batches(paths, image_size, batch_size, workers):
     for batch in loader:
         for index, image, err in batch:
             if image is None:
-                raise DataError(f"{paths[index]}: cannot read image ({err}); remove or fix it")
-        yield np.stack([image for _, image, _ in batch])
+                if on_bad_image == "stop":
+                    raise DataError(f"{paths[index]}: cannot read image ({err}); remove or fix it, "
+                                    f"or pass --on-bad-image skip")
+                skipped.append((index, err))
+        ok = [(index, image) for index, image, _ in batch if image is not None]
+        if ok:
+            good.extend(index for index, _ in ok)
+            yield np.stack([image for _, image in ok])
+
+
+def skipped_list_path(out) -> Path:
+    """Where --ref-from-images lists the images it skipped: beside `out`, as `dit extract` keeps OUT/skipped.txt."""
+    out = Path(out)
+    return out.with_name(out.stem + ".skipped.txt")
 
 
 def reference_from_images(folder, out, network="inception", weights=None, image_size=256, batch_size=None,
                           dtype="fp32", device=None, progress=True, workers=0,
-                          pr_features: int = PR_FEATURES, seed: int = 0) -> ReferenceStats:
+                          pr_features: int = PR_FEATURES, seed: int = 0, on_bad_image: str = "skip") -> ReferenceStats:
     """Measure an image folder (ADM center crop to image_size) and write its ReferenceStats to `out`.
 
-    Statistics cover every image and are accumulated batch by batch; the pool features of a
-    random `pr_features` of them (ADM's reference batches carry 10,000 images) are kept for
-    precision/recall.
+    Statistics cover every readable image and are accumulated batch by batch; the pool features of
+    a random `pr_features` of them (ADM's reference batches carry 10,000 images) are kept for
+    precision/recall. Unreadable images are skipped and listed beside `out` (see `skipped_list_path`),
+    or stop the run with on_bad_image="stop".
     """
+    import sys
+
     import numpy as np
 
     from dit_trainer.data.images import list_image_folder
     from dit_trainer.evaluate.features import iter_features
     from dit_trainer.evaluate.stats import GaussianAccumulator
 
+    if on_bad_image not in ("skip", "stop"):
+        raise ConfigError(f"on_bad_image {on_bad_image!r} must be 'skip' or 'stop'")
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise ConfigError(f"image size must be an integer >= 8, got {image_size!r}")
     device = device or default_device()
@@ -147,12 +166,23 @@ def reference_from_images(folder, out, network="inception", weights=None, image_
     keep = np.zeros(len(paths), dtype=bool)
     keep[np.random.default_rng(seed).choice(len(paths), min(len(paths), pr_features), replace=False)] = True
     pool, spatial, kept, start = GaussianAccumulator(), GaussianAccumulator(), [], 0
-    for f in iter_features(net, _image_batches(paths, image_size, batch_size, workers), batch_size, dtype, device,
-                           progress, total=len(paths), desc=Path(folder).name):
+    good, skipped = [], []
+    batches = _image_batches(paths, image_size, batch_size, workers, on_bad_image, good, skipped)
+    for f in iter_features(net, batches, batch_size, dtype, device, progress, total=len(paths), desc=Path(folder).name):
         pool.update(f.pool)
         spatial.update(f.spatial)
-        kept.append(f.pool[keep[start:start + len(f)]])
+        # Rows are the readable images in order; `good` maps them back to their place in the listing.
+        kept.append(f.pool[keep[good[start:start + len(f)]]])
         start += len(f)
+    if start < 2:
+        raise DataError(f"{folder} has {start} readable image(s) of {len(paths)}; statistics need at least 2")
     stats = ReferenceStats(*pool.result(), *spatial.result(), features=np.concatenate(kept), network=net.name)
     stats.save(out)
+    listing = skipped_list_path(out)
+    if skipped:
+        with open(listing, "w", encoding="utf-8") as f:
+            f.writelines(f"{os.path.relpath(paths[i], folder)}\t{err}\n" for i, err in skipped)
+        print(f"dit eval: skipped {len(skipped)} unreadable images, listed in {listing}", file=sys.stderr)
+    elif listing.is_file():
+        listing.unlink()  # a list from an earlier run would describe images that now read
     return stats
