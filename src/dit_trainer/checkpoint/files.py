@@ -251,7 +251,7 @@ def _unreadable_pt(path: Path, err: BaseException) -> CheckpointError:
 def load_weights(path, prefer_ema: bool = True) -> dict:
     """A model state dict from our checkpoint dir, a safetensors file, or an original DiT `.pt`.
 
-    From a checkpoint directory the EMA weights are taken (what sampling uses) unless
+    A run folder gives its newest checkpoint. From a checkpoint directory the EMA weights are taken (what sampling uses) unless
     `prefer_ema` is False. A DiT training checkpoint (`{"model", "ema", "opt", "args"}`) gives its EMA.
     """
     p = Path(path)
@@ -259,12 +259,18 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
         raise CheckpointError(f"weights path {path} does not exist; pass a checkpoint directory, .pt or .safetensors file")
     if p.is_dir():
         names = ["ema.safetensors", "model.safetensors"] if prefer_ema else ["model.safetensors", "ema.safetensors"]
+        if not any((p / name).is_file() for name in names):
+            # A run folder: its newest checkpoint, as `dit sample --ckpt RUN_DIR` takes.
+            p = latest_checkpoint(p)
+            if p is None:
+                raise CheckpointError(f"{path} holds no model.safetensors, ema.safetensors or checkpoints/step-*; "
+                                      "pass a dit-trainer run folder or one of its checkpoints/step-* folders")
         for name in names:
             if (p / name).is_file():
                 # Flipped bytes in a checkpoint would otherwise sample black images and exit 0.
                 verify_file(p, name)
                 return _finite(load_safetensors(p / name), p / name)
-        raise CheckpointError(f"{path} holds no model.safetensors or ema.safetensors; is it a dit-trainer checkpoint?")
+        raise CheckpointError(f"{p} holds no model.safetensors or ema.safetensors; use another checkpoint")
     if p.suffix == ".safetensors":
         return _finite(load_safetensors(p), p)
     obj = load_pt(p)
