@@ -41,3 +41,15 @@ def test_demo_short_run_as_transport(tmp_path, capsys):
     assert cfg.objective == "transport" and cfg.transport.ode_method == "midpoint"
     data = np.load(tmp_path / "samples.npz")
     assert data["images"].shape == (10, 1, 16, 16) and np.isfinite(data["images"]).all()
+
+
+def test_demo_rerun_into_a_finished_folder_names_its_flag(tmp_path, capsys):
+    torch.set_num_threads(1)
+    args = ["demo", "--steps", "4", "--out", str(tmp_path), "--per-class", "1", "--no-progress"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "reached --steps 4; raise --steps to train further" in out and "train.max_steps" not in out
+    assert "trained 4 steps" not in out and "finished run of 4 steps: no training, sampled it again" in out
+    assert (tmp_path / "samples.png").is_file()

@@ -63,9 +63,12 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     cfg = config_from_dict(demo_config(out, steps, seed, objective))
     cfg.logging.progress = progress
     trainer = DiTTrainer(cfg)
+    trainer.max_steps_flag = "--steps"
     t0 = time.perf_counter()
-    trainer.train()
+    metrics = trainer.train()
     train_s = time.perf_counter() - t0
+    # A finished run in `out` is resumed and sampled again without a step, and logs nothing.
+    already_finished = not metrics and trainer.step >= cfg.train.max_steps
 
     labels = [c for c in range(10) for _ in range(per_class)]
     with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype, enabled=trainer.amp_dtype is not None):
@@ -81,7 +84,8 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
         im.resize((im.width * 4, im.height * 4), Image.NEAREST).save(grid)
     np.savez(out / "samples.npz", images=images.numpy(), labels=np.asarray(labels, dtype=np.int64))
     loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title="dit demo: DiT on scikit-learn digits")
-    summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step}
+    summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step,
+               "already_finished": already_finished}
     try:
         from dit_trainer.data.digits import classify_images
 
@@ -109,7 +113,10 @@ def run(args) -> int:
     """Run the demo and say where its pictures are."""
     summary = run_demo(args.out, args.steps, args.seed, args.per_class, progress=not args.no_progress,
                        objective=args.objective)
-    print(f"trained {summary['steps']} steps in {summary['train_seconds']:.0f} s")
+    if summary["already_finished"]:
+        print(f"{args.out} holds a finished run of {summary['steps']} steps: no training, sampled it again")
+    else:
+        print(f"trained {summary['steps']} steps in {summary['train_seconds']:.0f} s")
     if "recognised" in summary:
         print(f"a digit classifier trained on the real digits recognises {summary['recognised']:.0%} of the samples")
     print(f"samples: {summary['samples']}\nloss curve: {summary['loss_plot']}")
