@@ -39,24 +39,34 @@ def resolve_host_sync(mode: str, device: torch.device, optimizer, scaler) -> str
 
 
 def _clip_and_check(trainer, loss: torch.Tensor, check_norm: bool = True) -> tuple:
-    """(gradient norm, clipped to optim.max_grad_norm where set; whether the loss or the norm is non-finite)."""
+    """(gradient norm, clipped to optim.max_grad_norm where set; whether the loss is non-finite; whether the norm is)."""
     clip = trainer.cfg.optim.max_grad_norm
     # Without clipping the norm is still taken (max_norm inf leaves the gradients as they are).
     norm = trainer._clip_grads(clip if clip > 0 else math.inf)
-    bad = ~torch.isfinite(loss.detach()).all()
-    if check_norm:
-        bad = bad | ~torch.isfinite(norm.detach().to(bad.device)).all()
-    return norm, bad
+    bad_loss = ~torch.isfinite(loss.detach()).all()
+    bad_norm = ~torch.isfinite(norm.detach().to(bad_loss.device)).all() if check_norm else torch.zeros_like(bad_loss)
+    return norm, bad_loss, bad_norm
 
 
-def _agreed_flags(trainer, bad: torch.Tensor) -> torch.Tensor:
-    """[any rank saw a non-finite value, any rank was asked to stop], on the device: one all-reduce MAX."""
+def _agreed_flags(trainer, bad_loss: torch.Tensor, bad_norm: torch.Tensor) -> torch.Tensor:
+    """[any rank's loss non-finite, any rank's grad norm non-finite, any rank asked to stop], on the
+    device: one all-reduce MAX."""
     signals = trainer._signals
     stop = float(signals is not None and signals.requested is not None)
-    flags = torch.stack([bad.float(), torch.full((), stop, device=bad.device)])
+    flags = torch.stack([bad_loss.float(), bad_norm.float(), torch.full((), stop, device=bad_loss.device)])
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     return flags
+
+
+def _nonfinite(bad_loss: bool, bad_norm: bool, loss=None, norm=None) -> str:
+    """Which of loss and grad norm is non-finite, with the values where known (`grad norm inf (loss 9.2e+22)`)."""
+    shown = lambda name, v: name if v is None else f"{name} {v:.4g}"  # noqa: E731
+    if bad_loss and bad_norm:
+        return f"{shown('loss', loss)} and {shown('grad norm', norm)}"
+    if bad_norm:
+        return shown("grad norm", norm) + ("" if loss is None else f" (loss {loss:.4g})")
+    return shown("loss", loss)
 
 
 def _divergence(trainer, what: str, step: int) -> DivergenceError:
@@ -79,12 +89,12 @@ def finish_step_now(trainer, loss) -> dict:
     if scaler:
         scaler.unscale_(optimizer)
     # GradScaler skips steps with inf gradients by itself; only the loss is checked then.
-    norm, bad = _clip_and_check(trainer, loss, check_norm=not scaler)
+    norm, bad_loss, bad_norm = _clip_and_check(trainer, loss, check_norm=not scaler)
     grad_norm = norm if cfg.optim.max_grad_norm > 0 else None
-    bad, stop = _agreed_flags(trainer, bad).tolist()
+    bad_loss, bad_norm, stop = _agreed_flags(trainer, bad_loss, bad_norm).tolist()
     trainer.stop_requested = stop > 0
-    if bad > 0:
-        what = f"loss {trainer.dims.all_reduce_mean(loss).item()}, grad norm {float(norm)}"
+    if bad_loss > 0 or bad_norm > 0:
+        what = _nonfinite(bad_loss > 0, bad_norm > 0, trainer.dims.all_reduce_mean(loss).item(), float(norm))
         if not cfg.train.skip_nonfinite_steps:
             raise _divergence(trainer, what, trainer.step + 1)
         optimizer.zero_grad(set_to_none=True)
@@ -124,11 +134,11 @@ class DeferredChecks:
     def finish_step(self, trainer, loss: torch.Tensor) -> None:
         """Clip, agree, mask and apply one step's update, queueing no host wait."""
         cfg = trainer.cfg
-        norm, bad = _clip_and_check(trainer, loss)
-        flags = _agreed_flags(trainer, bad)
+        norm, bad_loss, bad_norm = _clip_and_check(trainer, loss)
+        flags = _agreed_flags(trainer, bad_loss, bad_norm)
         # The previous step's flags are done by now; read them before this step's update is queued.
         self.read_pending(trainer)
-        masked = flags[0]
+        masked = flags[:2].amax()
         trainer.optimizer.found_inf = masked
         try:
             trainer.optimizer.step()
@@ -165,12 +175,12 @@ class DeferredChecks:
         self._pending = None
         if event is not None:
             event.synchronize()
-        bad, stop = host.tolist()
+        bad_loss, bad_norm, stop = host.tolist()
         if stop > 0:
             trainer.stop_requested = True
-        if bad > 0:
+        if bad_loss > 0 or bad_norm > 0:
             if not trainer.cfg.train.skip_nonfinite_steps:
-                raise _divergence(trainer, "loss or grad norm", step)
+                raise _divergence(trainer, _nonfinite(bad_loss > 0, bad_norm > 0), step)
             trainer.skipped_steps += 1
 
     def flush(self, trainer) -> dict:

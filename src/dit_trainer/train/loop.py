@@ -1,5 +1,6 @@
 """The training loop of `DiTTrainer`: resume, steps, logging, checkpoints, stopping on request."""
 
+import sys
 import time
 
 import torch
@@ -96,6 +97,10 @@ def run(trainer) -> dict:
             break
     bar.close()
     logger.close()
+    if main and trainer.skipped_steps:
+        # Skipping is what was asked for (exit 0), but a run that learnt from few steps should say so.
+        print(f"warning: {trainer.skipped_steps} of {trainer.step} steps were skipped for a non-finite loss or "
+              "grad norm (train.skip_nonfinite_steps); lower optim.lr or set optim.max_grad_norm", file=sys.stderr)
     return last
 
 

@@ -2,6 +2,7 @@
 Weights & Biases when asked (`logging.wandb`)."""
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -34,9 +35,11 @@ class MetricsLogger:
         """Append `values` for `step` to every sink."""
         if not self.enabled:
             return
-        record = {"step": step, **values}
+        # NaN and inf are not JSON (strict readers refuse `"loss": NaN`): they are written as null.
+        record = {"step": step, **{k: None if isinstance(v, float) and not math.isfinite(v) else v
+                                   for k, v in values.items()}}
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)):
