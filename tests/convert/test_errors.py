@@ -89,3 +89,13 @@ def test_wrong_model_name_names_key_and_fit(tmp_path):
     path = _release_pt(tmp_path / "DiT.pt")
     with pytest.raises(CheckpointError, match=r"pos_embed is \(1, 16, 64\) but DiT-B/2 has \(1, 16, 768\).*missing blocks.2.*fit DiT-S/2 \(depth 2, hidden 64"):
         read("dit-pt", path, model="DiT-B/2")
+
+
+@pytest.mark.parametrize("fmt", ["diffusers", "ppdiffusers"])
+def test_missing_or_empty_pipeline_folder_names_it(tmp_path, fmt):
+    missing, empty = tmp_path / "out" / "nonexist", tmp_path / "out" / "empty"
+    empty.mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=f"^{missing} does not exist; pass a {fmt} DiTPipeline folder"):
+        read(fmt, missing)
+    with pytest.raises(CheckpointError, match=f"is {empty} a {fmt} DiTPipeline folder"):
+        read(fmt, empty)

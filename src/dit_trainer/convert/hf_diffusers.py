@@ -15,7 +15,7 @@ from dit_trainer.convert.layout import from_diffusers, to_diffusers
 from dit_trainer.convert.model_config import check_fits, fixed_pos_embed
 from dit_trainer.convert.pipeline_folder import (class_names_from, diffusion_from_scheduler, id2label,
                                                  model_from_transformer_config, read_json, scheduler_config,
-                                                 transformer_config, write_json)
+                                                 transformer_config, transformer_dir, write_json)
 from dit_trainer.errors import CheckpointError, ConfigError
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -91,7 +91,7 @@ def read(src, convention="diffusers") -> Bundle:
     from safetensors.torch import load_file
 
     root = Path(src)
-    tdir = root / "transformer" if (root / "transformer").is_dir() else root
+    tdir = transformer_dir(src, "diffusers")
     tcfg = read_json(tdir / "config.json")
     model = model_from_transformer_config(tcfg, tdir / "config.json", convention)
     files = sorted(tdir.glob("*.safetensors"))

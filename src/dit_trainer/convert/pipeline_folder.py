@@ -12,11 +12,23 @@ def read_json(path) -> dict:
     """A JSON file's object, or a one-line error naming it."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path} does not exist; is {path.parent.parent} a DiTPipeline folder?")
+        raise CheckpointError(f"{path} does not exist; is {path.parent} complete?")
     try:
         return json.loads(path.read_text())
     except ValueError as err:
         raise CheckpointError(f"{path} is not valid JSON ({err})") from None
+
+
+def transformer_dir(src, library: str = "diffusers") -> Path:
+    """The folder holding the transformer's config.json: `src`/transformer, or `src` itself."""
+    root = Path(src)
+    if not root.is_dir():
+        what = "does not exist" if not root.exists() else "is not a folder"
+        raise CheckpointError(f"{src} {what}; pass a {library} DiTPipeline folder (model_index.json, transformer/, vae/)")
+    tdir = root / "transformer" if (root / "transformer").is_dir() else root
+    if not (tdir / "config.json").is_file():
+        raise CheckpointError(f"{tdir / 'config.json'} does not exist; is {src} a {library} DiTPipeline folder?")
+    return tdir
 
 
 def write_json(path, obj) -> None:

@@ -15,7 +15,7 @@ from dit_trainer.convert.hf_diffusers import check_pos_embed, load_vae_model, mo
 from dit_trainer.convert.layout import to_diffusers
 from dit_trainer.convert.pdparams import load_pdparams, save_pdparams
 from dit_trainer.convert.pipeline_folder import (model_from_transformer_config, read_json, scheduler_config,
-                                                 transformer_config, write_json)
+                                                 transformer_config, transformer_dir, write_json)
 from dit_trainer.errors import CheckpointError
 
 WEIGHTS = "model_state.pdparams"
@@ -46,7 +46,7 @@ def read(src, convention="diffusers") -> Bundle:
     """A Bundle from a ppdiffusers DiTPipeline folder; its VAE is rewritten as a diffusers folder
     in a temporary directory, which `ours.write` copies next to the weights."""
     root = Path(src)
-    tdir = root / "transformer" if (root / "transformer").is_dir() else root
+    tdir = transformer_dir(src, "ppdiffusers")
     model = model_from_transformer_config(read_json(tdir / "config.json"), tdir / "config.json", convention)
     weights = tdir / WEIGHTS
     if not weights.is_file():
