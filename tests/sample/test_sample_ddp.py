@@ -42,7 +42,9 @@ def test_labels_cover_classes_uniformly():
     assert not np.array_equal(labels, chunk_labels(40, 4, seed=4))
 
 
-def test_one_process_then_resume(ckpt, tmp_path):
+def test_one_process_then_resume(ckpt, tmp_path, monkeypatch, capsys):
+    import dit_trainer.sample.ddp as ddp
+
     out = tmp_path / "s.npz"
     assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(out), *ARGS]) == 0
     data = np.load(out)
@@ -50,13 +52,30 @@ def test_one_process_then_resume(ckpt, tmp_path):
     settings = json.loads(str(data["settings"]))
     assert settings["sampler"] == "ode" and settings["ode_method"] == "euler" and settings["cfg_scale"] == 4.0
     assert (tmp_path / "s.png").is_file()
-    # An interrupted run: one chunk lost; the rerun samples it again, to the same images.
-    (tmp_path / "s.npz.parts" / "chunk-000002.npz").unlink()
+    # The chunks served resuming only: the finished .npz holds them all.
+    assert not (tmp_path / "s.npz.parts").exists()
+    # An interrupted run (stopped after 2 of 4 chunks); the rerun samples the rest, to the same images.
     first = data["arr_0"].copy()
-    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(out), *ARGS]) == 0
-    assert np.array_equal(np.load(out)["arr_0"], first)
-    # Other settings over the same chunks are refused, not mixed in.
-    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(out), *ARGS, "--cfg-scale", "2"]) == 2
+    save, saved = ddp._save_chunk, []
+
+    def stop_after_two(path, images, labels):
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+        saved.append(path.name)
+        save(path, images, labels)
+
+    monkeypatch.setattr(ddp, "_save_chunk", stop_after_two)
+    again = tmp_path / "again.npz"
+    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(again), *ARGS]) == 130  # Ctrl-C
+    monkeypatch.setattr(ddp, "_save_chunk", save)
+    assert sorted(p.name for p in (tmp_path / "again.npz.parts").glob("chunk-*")) == saved
+    # Other settings over the same chunks are refused, not mixed in, and the error names what differs.
+    capsys.readouterr()
+    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(again), *ARGS[:1], "14", *ARGS[2:]]) == 2
+    err = capsys.readouterr().err
+    assert "num_samples 10 then, 14 now" in err and "cfg_scale" not in err and "\n" not in err.strip()
+    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(again), *ARGS]) == 0
+    assert np.array_equal(np.load(again)["arr_0"], first) and not (tmp_path / "again.npz.parts").exists()
 
 
 @pytest.mark.distributed

@@ -3,13 +3,14 @@ format) sampled by every rank of a torchrun launch, resumable chunk by chunk.
 
 The N samples are cut into chunks of `--batch-size`; chunk c has its own seed (from `--seed` and c)
 and its own labels (a seeded permutation of 0..K-1 repeated, so every class appears N/K times).
-Rank r samples chunks r, r + W, ...; each finished chunk is a file, so an interrupted run (or one
-relaunched on another number of ranks) samples only what is missing, and the result does not
-depend on the number of ranks.
+Rank r samples chunks r, r + W, ...; each finished chunk is a file (in `NPZ.parts/`, removed once
+the .npz is written), so an interrupted run (or one relaunched on another number of ranks) samples
+only what is missing, and the result does not depend on the number of ranks.
 """
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -108,8 +109,14 @@ def run(args) -> int:
     if rank == 0:
         parts.mkdir(parents=True, exist_ok=True)
         record = parts / "settings.json"
-        if record.is_file() and json.loads(record.read_text()) != settings:
-            raise ConfigError(f"{parts} holds chunks sampled with other settings; delete it or pass another --npz")
+        if record.is_file():
+            old = json.loads(record.read_text())
+            differ = [f"{k} {old.get(k)!r} then, {settings.get(k)!r} now" for k in {**old, **settings}
+                      if old.get(k) != settings.get(k)]
+            if differ:
+                raise ConfigError(f"{parts} holds chunks of an unfinished run with other settings "
+                                  f"({'; '.join(differ)}); rerun with those settings to finish it, delete {parts}, "
+                                  f"or pass another --npz")
         record.write_text(json.dumps(settings, indent=1))
     barrier()
 
@@ -137,12 +144,17 @@ def run(args) -> int:
         bar.set_postfix(img_per_s=f"{done * world / (time.perf_counter() - t0):.2f}")
     barrier()
     if rank == 0:
-        found = [np.load(parts / CHUNK_FMT.format(c)) for c in chunks]
-        arr = np.concatenate([f["images"] for f in found])
-        y_all = np.concatenate([f["labels"] for f in found])
-        save_npz(out, arr, y_all, settings=settings)
+        images, y_all = [], []
+        for c in chunks:
+            with np.load(parts / CHUNK_FMT.format(c)) as f:
+                images.append(f["images"])
+                y_all.append(f["labels"])
+        arr = np.concatenate(images)
+        save_npz(out, arr, np.concatenate(y_all), settings=settings)
         save_grid(np.ascontiguousarray(arr[:64].transpose(0, 3, 1, 2)).astype(np.float32) / 127.5 - 1,
                   out.with_suffix(".png"), nrow=8)
+        # The chunks only serve resuming an interrupted run; the .npz now holds them all.
+        shutil.rmtree(parts)
         print(f"wrote {len(arr)} samples to {out} (preview {out.with_suffix('.png')})")
     barrier()
     return 0
