@@ -211,6 +211,11 @@ def _set_keys(cfg: Config) -> set:
     return cfg.__dict__.setdefault("_explicit", set())
 
 
+def user_keys(cfg: Config) -> set:
+    """The dotted keys set by a YAML file, a dict or the command line (not those taken from the data)."""
+    return set(_set_keys(cfg))
+
+
 def explicit_keys(cfg: Config) -> set:
     """The dotted keys the user set: by the YAML, a dict or the command line, or (for a Config built
     in code) to a value other than the default. Model shape keys not set are taken from the data."""

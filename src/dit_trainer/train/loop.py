@@ -6,7 +6,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from dit_trainer.config import save_config
+from dit_trainer.config import save_config, user_keys
 from dit_trainer.train.metrics import MetricsLogger
 from dit_trainer.train.mfu import mfu_meter, peak_memory_gb
 
@@ -14,6 +14,7 @@ from dit_trainer.train.mfu import mfu_meter, peak_memory_gb
 def run(trainer) -> dict:
     """The loop of `DiTTrainer.train` (its signal handlers already installed)."""
     cfg = trainer.cfg
+    check_grid_vae(cfg)
     if trainer._loader is None:
         trainer._loader = trainer.build_loader()
     resumed = trainer.maybe_resume()
@@ -102,6 +103,46 @@ def run(trainer) -> dict:
         print(f"warning: {trainer.skipped_steps} of {trainer.step} steps were skipped for a non-finite loss or "
               "grad norm (train.skip_nonfinite_steps); lower optim.lr or set optim.max_grad_norm", file=sys.stderr)
     return last
+
+
+def check_grid_vae(cfg) -> None:
+    """A one-line ConfigError before step 1, not at the first sample grid (with that step's
+    checkpoint unwritten), when the grids need a VAE folder that does not exist or diffusers is
+    missing; a Hub id is checked when it is loaded."""
+    if not cfg.logging.image_steps:
+        return
+    import importlib.util
+    import os
+
+    from dit_trainer.data.vae import _looks_like_path
+    from dit_trainer.errors import ConfigError
+    from dit_trainer.sample.decode import vae_source
+
+    source = vae_source(cfg)
+    if source is None:
+        return  # pixels, or latents previewed without a VAE
+    name = source[0]
+    manifest = os.path.join(str(cfg.data.path), "manifest.json")
+    from_manifest = "data.vae" not in user_keys(cfg) and os.path.isfile(manifest) and _recorded_vae(cfg.data.path) == name
+    where = f" (recorded in {manifest})" if from_manifest else ""
+    if not os.path.isdir(os.path.expanduser(name)) and _looks_like_path(name):
+        raise ConfigError(
+            f"data.vae {name}{where} does not exist, and logging.image_steps {cfg.logging.image_steps} decodes "
+            f"sample grids with it; set data.vae to the VAE folder or Hub id the latents came from, or "
+            f"logging.image_steps 0")
+    if importlib.util.find_spec("diffusers") is None:
+        raise ConfigError(f"logging.image_steps {cfg.logging.image_steps} decodes sample grids with the VAE "
+                          f"{name}{where}, which needs diffusers (the vae extra); install it or set logging.image_steps 0")
+
+
+def _recorded_vae(path):
+    from dit_trainer.data.shards import read_manifest
+    from dit_trainer.errors import DitError
+
+    try:
+        return read_manifest(path).get("vae")
+    except DitError:
+        return None
 
 
 def _mkdir(*parts):
