@@ -36,6 +36,12 @@ def test_unknown_name_suggests_closest():
     assert "\n" not in str(err.value)
 
 
+def test_unknown_name_among_few_classes_lists_them_all():
+    with pytest.raises(ConfigError) as err:
+        resolve_labels(["cat", "horse"], ["cat", "dog"])
+    assert str(err.value) == "unknown class name 'horse'; this model's classes are 'cat' (0), 'dog' (1)"
+
+
 def test_out_of_range_and_nameless():
     with pytest.raises(ConfigError, match="out of range"):
         resolve_labels([10], num_classes=10)

@@ -13,6 +13,10 @@ from typing import Optional, Sequence
 
 from dit_trainer.errors import ConfigError, DitError
 
+# Up to this many classes an unknown name lists them all (a one-line error stays readable);
+# beyond it only the closest names are offered.
+LIST_ALL_NAMES = 20
+
 
 @functools.lru_cache(maxsize=1)
 def _imagenet() -> tuple:
@@ -53,6 +57,9 @@ def _lookup(name: str, class_names: Sequence[str]) -> int:
         if hits:
             listed = ", ".join(f"{i} ({class_names[i]})" for i in hits[:4])
             raise ConfigError(f"class name {name!r} is ambiguous: {listed}; pass the id with --class-labels")
+    if len(class_names) <= LIST_ALL_NAMES:
+        listed = ", ".join(f"{e!r} ({i})" for i, e in enumerate(class_names))
+        raise ConfigError(f"unknown class name {name!r}; this model's classes are {listed}")
     every = sorted({s for e in class_names for s in synonyms(e)})
     close = difflib.get_close_matches(key, every, n=3, cutoff=0.6)
     hint = f"; closest: {', '.join(repr(c) for c in close)}" if close else "; pass class ids with --class-labels instead"
