@@ -1,11 +1,12 @@
 """Your own training loop from dit-trainer's public pieces, without DiTTrainer.
 
     python examples/train_minimal.py --data-path LATENTS --model DiT-S/2 --steps 1000 --out runs/minimal
-    python examples/train_minimal.py --data-path digits --model DiT-S/4 --image-size 16 --in-channels 1 \
-        --num-classes 10 --depth 4 --hidden-size 128 --num-heads 4 --steps 200
+    python examples/train_minimal.py --data-path digits --model DiT-S/4 --image-size 16 \
+        --depth 4 --hidden-size 128 --num-heads 4 --steps 200
 
 Model from the registry, Gaussian diffusion, a latent dataset, EMA and the checkpoint helpers:
-the same parts the trainer uses, in the order the DiT paper describes one step.
+the same parts the trainer uses, in the order the DiT paper describes one step. As in `dit train`,
+the latents' side and channels and the class count come from the data unless given.
 """
 
 import argparse
@@ -18,7 +19,7 @@ from dit_trainer.config import config_yaml, load_config
 from dit_trainer.diffusion import create_diffusion
 from dit_trainer.models import get_spec
 from dit_trainer.checkpoint import save_checkpoint
-from dit_trainer.data.loader import build_dataset
+from dit_trainer.data.loader import shape_from_data
 from dit_trainer.train.ema import create_ema, update_ema
 
 
@@ -26,9 +27,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-path", required=True, help="latents folder, shards, or 'digits'")
     p.add_argument("--model", default="DiT-S/2")
-    p.add_argument("--image-size", type=int, default=32, help="latent (or pixel) side")
-    p.add_argument("--in-channels", type=int, default=4)
-    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--image-size", type=int, default=None,
+                   help="latent (or pixel) side; default: the data's (for digits: the side to upsample to, 16)")
+    p.add_argument("--in-channels", type=int, default=None, help="default: the data's")
+    p.add_argument("--num-classes", type=int, default=None, help="default: the data's")
     p.add_argument("--depth", type=int, default=None)
     p.add_argument("--hidden-size", type=int, default=None)
     p.add_argument("--num-heads", type=int, default=None)
@@ -55,18 +57,18 @@ def main(argv=None):
         "model.input_size": args.image_size, "model.in_channels": args.in_channels,
         "model.num_classes": args.num_classes, "model.depth": args.depth,
         "model.hidden_size": args.hidden_size, "model.num_heads": args.num_heads,
-        "data.digits_size": args.image_size, "train.seed": args.seed, "optim.lr": args.lr,
+        "data.digits_size": args.image_size if args.data_path == "digits" else None,
+        "train.seed": args.seed, "optim.lr": args.lr,
     }
     cfg = load_config(None, [f"--{k}={v}" for k, v in overrides.items() if v is not None])
-    if args.data_path != "digits":
-        cfg.data.digits_size = 16
+    # Opened before the model, which takes the shape the data records wherever no flag set one.
+    dataset = shape_from_data(cfg)
 
     model = get_spec(cfg.model.name).build_model_fn(cfg).to(device)
     ema = create_ema(model)
     diffusion = create_diffusion(timestep_respacing="", learn_sigma=cfg.model.learn_sigma)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0)
 
-    dataset = build_dataset(cfg)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
                         num_workers=args.num_workers, generator=torch.Generator().manual_seed(args.seed))
     print(f"{cfg.model.name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(dataset):,} samples")
