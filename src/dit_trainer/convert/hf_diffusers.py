@@ -6,6 +6,7 @@ The weights map exactly; diffusers' timestep embedding divides its frequencies b
 divides by 128, so an exported model computes a slightly different function (see docs/convert.md).
 """
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -53,6 +54,20 @@ def model_index(bundle: Bundle, library: str, transformer_class: str, version_ke
             "vae": [library, "AutoencoderKL"]}
 
 
+@contextlib.contextmanager
+def quiet_diffusers():
+    """diffusers' warnings off for our own loads, its logging level restored after: without `accelerate`
+    installed, every model load prints a 6-line notice to install it, which changes nothing here."""
+    from diffusers.utils import logging as diffusers_logging
+
+    level = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        diffusers_logging.set_verbosity(level)
+
+
 def load_vae_model(vae):
     """diffusers' AutoencoderKL from a folder or hub id, with a one-line error if it is missing."""
     if not vae:
@@ -60,7 +75,8 @@ def load_vae_model(vae):
     from diffusers import AutoencoderKL
 
     try:
-        return AutoencoderKL.from_pretrained(str(vae))
+        with quiet_diffusers():
+            return AutoencoderKL.from_pretrained(str(vae))
     except Exception as err:
         raise ConfigError(f"--vae {vae}: cannot load an AutoencoderKL ({type(err).__name__}); pass a diffusers VAE folder") from None
 

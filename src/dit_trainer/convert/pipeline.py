@@ -73,7 +73,12 @@ class DiTPipeline:
             "diffusion": dict(bundle.diffusion),
             "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215},
         })
-        decoder = load_decoder(cfg, device=device) if bundle.vae else (None, None, None)
+        decoder = (None, None, None)
+        if bundle.vae:
+            from dit_trainer.convert.hf_diffusers import quiet_diffusers
+
+            with quiet_diffusers():
+                decoder = load_decoder(cfg, device=device)
         names = bundle.class_names
         if names is None and model.num_classes == 1000:
             names = imagenet_class_names()
