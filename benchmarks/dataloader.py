@@ -109,7 +109,7 @@ def measure_extract(root: str, num: int, args) -> dict:
     return stats
 
 
-def main() -> None:
+def main(argv=None) -> None:
     """Build the data, time each loader, print one table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num", type=int, default=10000, help="latents (default: %(default)s)")
@@ -119,8 +119,12 @@ def main() -> None:
     parser.add_argument("--shard-size", type=int, default=4096)
     parser.add_argument("--extract-images", type=int, default=256, help="images for the extraction timing; 0 skips it")
     parser.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
-    args = parser.parse_args()
-    root = tempfile.mkdtemp(prefix="dit-bench-", dir=args.dir)
+    args = parser.parse_args(argv)
+    try:
+        root = tempfile.mkdtemp(prefix="dit-bench-", dir=args.dir)
+    except OSError as err:
+        raise SystemExit(f"dataloader.py: error: cannot make a scratch folder in --dir {args.dir} "
+                         f"({err.strerror or err}); pass an existing, writable folder or leave --dir out") from None
     try:
         t = time.perf_counter()
         folder, latents = make_data(root, args.num)
