@@ -116,3 +116,17 @@ def test_misspelt_section_in_yaml_names_it(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(tmp_path / "c.yaml")
     assert str(err.value) == "unknown config key 'trian'; did you mean 'train'?"
+
+
+def test_yaml_errors_say_where():
+    import yaml
+
+    from dit_trainer.typed import yaml_problem
+
+    with pytest.raises(yaml.YAMLError) as err:
+        yaml.safe_load("model: [unclosed\n")
+    assert yaml_problem(err.value) == ("line 2, column 1: expected ',' or ']', but got '<stream end>' "
+                                       "(while parsing a flow sequence from line 1, column 8)")
+    with pytest.raises(ConfigError, match="line 1, column 6: expected") as err:
+        load_config(None, ["--logging.sample_classes", "[1, 2"])  # was a yaml traceback
+    assert "\n" not in str(err.value)

@@ -26,8 +26,14 @@ def coerce(value: Any, tp, key: str):
     if tp is Any:
         return value
     if origin is list or tp is list:
+        if isinstance(value, str) and value.strip().startswith("["):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as err:
+                raise ConfigError(f"config key {key!r}: {value!r} is not a YAML list, {yaml_problem(err)}; "
+                                  "write it like [1, 2]") from None
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.replace(",", " ").split()]
+            value = [v for v in value.replace(",", " ").split()]
             value = [yaml.safe_load(v) if isinstance(v, str) else v for v in value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key {key!r} needs a list, got {value!r}")
@@ -60,6 +66,23 @@ def coerce(value: Any, tp, key: str):
         return str(value)
     return value
 
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML parse error as one line with where it is: `line 2, column 1: expected ',' or ']', but got
+    '<stream end>' (while parsing a flow sequence from line 1, column 8)` (1-based, as editors count)."""
+    def at(mark):
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    problem_mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if problem is None:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = f"{at(problem_mark)}: {problem}" if problem_mark is not None else problem
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context:
+        text += f" ({context}" + (f" from {at(context_mark)})" if context_mark is not None else ")")
+    return text
 
 
 # Names users bring from other code bases (PaddleMIX, LLaMA, the other model family) for a key of ours.
