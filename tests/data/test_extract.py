@@ -86,6 +86,26 @@ def test_extract_writes_manifest_shards_and_skip_report(assets):
     assert data.shape == (7, 2, 2, 4, 8, 8) and labels.tolist() == [0, 0, 0, 1, 1, 1, 1]
 
 
+def test_a_shard_of_only_unreadable_images_is_not_listed(assets, tmp_path):
+    images = tmp_path / "images" / "cat"
+    images.mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(np.full((16, 16, 3), 40 * i, np.uint8)).save(images / f"{i}.png")
+    for name in ("x.png", "y.png"):  # sorted last: the whole second shard
+        (images / name).write_bytes(b"not a png")
+    out = tmp_path / "out"
+    run_extract(tmp_path / "images", assets["vae"], out=out, **SETTINGS)
+    m = read_manifest(out)
+    assert m["shards"] == [{"name": "shard-00000", "count": 3}] and m["count"] == 3 and m["skipped"] == 2
+    assert verify(out) == [] and not (out / "shard-00001.npy").exists()
+    assert len(LatentShards(out)) == 3 and len((out / "skipped.txt").read_text().splitlines()) == 2
+    # A folder an earlier version left with a zero-row shard is put right by re-running the command.
+    sh._atomic_npy(str(out / "shard-00001.npy"), np.zeros((0, 2, 2, 4, 8, 8), np.float16))
+    sh._atomic_npy(str(out / "shard-00001.labels.npy"), np.zeros(0, np.int64))
+    run_extract(tmp_path / "images", assets["vae"], out=out, **SETTINGS)
+    assert verify(out) == [] and not (out / "shard-00001.npy").exists()
+
+
 def test_stored_latents_are_scaled_posteriors_of_both_flips(assets):
     data, _ = _arrays(assets["reference"])
     vae = load_vae(assets["vae"])

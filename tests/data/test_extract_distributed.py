@@ -75,3 +75,25 @@ def test_two_ranks_write_disjoint_shards_equal_to_one_process(tmp_path):
             b = np.load(tmp_path / "one" / f"{s['name']}{suffix}")
             np.testing.assert_allclose(a.astype(np.float32), b.astype(np.float32), rtol=1e-3, atol=1e-4)
     assert (tmp_path / "two" / "skipped.txt").read_text() == (tmp_path / "one" / "skipped.txt").read_text() != ""
+
+
+def test_a_rank_whose_images_are_all_unreadable_lists_no_empty_shard(tmp_path):
+    from dit_trainer.data.latents import open_latent_dataset
+
+    vae = save_tiny_vae(tmp_path / "vae")
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    for i in range(2):
+        Image.fromarray(np.full((16, 16, 3), 90 * i, np.uint8)).save(tmp_path / "images" / "a" / f"{i}.png")
+    (tmp_path / "images" / "a" / "zz_broken.png").write_bytes(b"\x89PNG broken")
+    # Shards of 2: rank 0 encodes the two good images, rank 1 only the broken one.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "dit_trainer", "extract", "--data-path", str(tmp_path / "images"), "--vae", vae, "--out",
+         str(tmp_path / "out"), "--image-size", "16", "--shard-size", "2", "--workers", "0", "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_manifest(tmp_path / "out")
+    assert m["shards"] == [{"name": "shard-00000", "count": 2}] and m["skipped"] == 1
+    assert verify(tmp_path / "out") == []
+    assert len(open_latent_dataset(tmp_path / "out")) == 2  # what training opens

@@ -230,9 +230,12 @@ def _finish(out, names, class_names, vae_name, sf, shift, image_size, flips, pos
         if not sh.shard_done(out, name):
             raise DataError(f"{out}/{name} was not written; re-run `dit extract` with the same arguments to finish it")
         markers.append(sh.read_shard_marker(out, name))
-    # Every rank is past its last write, so leftovers of interrupted runs can go.
-    for leftover in glob.glob(os.path.join(out, "shard-*.tmp*")):
-        os.remove(leftover)
+    # Every rank is past its last write, so leftovers of interrupted runs can go, and so can the
+    # zero-row files that earlier versions wrote for shards whose every image was skipped.
+    empty = [f"{m['name']}{suffix}" for m in markers if not m["count"] for suffix in (".npy", ".labels.npy")]
+    for leftover in glob.glob(os.path.join(out, "shard-*.tmp*")) + [os.path.join(out, name) for name in empty]:
+        if os.path.exists(leftover):
+            os.remove(leftover)
     skipped = [row for m in markers for row in m.get("skipped", [])]
     with open(os.path.join(out, SKIPPED), "w", encoding="utf-8") as f:
         f.writelines(f"{path}\t{err}\n" for path, err in skipped)
@@ -240,7 +243,7 @@ def _finish(out, names, class_names, vae_name, sf, shift, image_size, flips, pos
         out, count=sum(m["count"] for m in markers), latent_shape=list(shape), dtype=dtype,
         num_classes=len(class_names), class_names=class_names, vae=vae_name, scaling_factor=sf,
         shift_factor=shift, image_size=image_size, flips=bool(flips), posterior=posterior,
-        shards=[{"name": m["name"], "count": m["count"]} for m in markers],
+        shards=[{"name": m["name"], "count": m["count"]} for m in markers if m["count"]],
         skipped=len(skipped), source=os.path.abspath(data_path),
     )
     if skipped:

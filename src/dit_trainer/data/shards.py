@@ -104,9 +104,12 @@ class ShardWriter:
         self.count += n
 
     def close(self, **marker) -> Dict:
-        """Write the shard; the marker (count plus `marker`) goes last so it means 'complete'."""
-        _atomic_npy(os.path.join(self.root, f"{self.name}.npy"), self.data[:self.count])
-        _atomic_npy(os.path.join(self.root, f"{self.name}.labels.npy"), self.labels[:self.count])
+        """Write the shard; the marker (count plus `marker`) goes last so it means 'complete'.
+
+        A shard whose every image was skipped gets its marker only: it is done, but holds nothing to list."""
+        if self.count:
+            _atomic_npy(os.path.join(self.root, f"{self.name}.npy"), self.data[:self.count])
+            _atomic_npy(os.path.join(self.root, f"{self.name}.labels.npy"), self.labels[:self.count])
         marker = {"name": self.name, "count": int(self.count), **marker}
         _atomic_json(os.path.join(self.root, f"{self.name}.json"), marker)
         self.data = self.labels = None
