@@ -130,3 +130,13 @@ def test_yaml_errors_say_where():
     with pytest.raises(ConfigError, match="line 1, column 6: expected") as err:
         load_config(None, ["--logging.sample_classes", "[1, 2"])  # was a yaml traceback
     assert "\n" not in str(err.value)
+
+
+def test_broken_config_file_says_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  name: [DiT-S/2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(bad), [])
+    message = str(err.value)
+    assert str(bad) in message and "line 3, column 1" in message and "from line 2, column 9" in message
+    assert "\n" not in message

@@ -13,6 +13,7 @@ import yaml
 
 from dit_trainer.convert.paddlemix_json import is_paddlemix_config, model_config_from_paddlemix
 from dit_trainer.errors import ConfigError
+from dit_trainer.typed import yaml_problem
 
 EXPECTED = ("our config (a mapping with a model: section, or a bare model section with name:) or a PaddleMIX "
             "DiT JSON (num_layers, num_attention_heads, attention_head_dim, or depth, hidden_size, patch_size)")
@@ -35,7 +36,7 @@ def read_mapping(path) -> dict:
     except ValueError as err:  # json.JSONDecodeError
         raise ConfigError(f"config file {path} is not valid JSON: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
