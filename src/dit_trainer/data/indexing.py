@@ -2,6 +2,7 @@
 function of (seed, epoch, index) so that resumes and DataLoader workers agree."""
 
 import tokenize
+import zipfile
 
 import numpy as np
 
@@ -30,5 +31,6 @@ def check_epoch(epoch) -> int:
 
 # What numpy raises for a damaged `.npy`: a garbled header is parsed with `tokenize` and `ast`
 # (TokenError, SyntaxError), odd shapes or dtypes give TypeError/OverflowError, a header claiming a
-# huge array MemoryError.
-NPY_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, OverflowError, MemoryError)
+# huge array MemoryError, and a file starting with a zip's "PK\x03\x04" is opened as an .npz (BadZipFile).
+NPY_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, OverflowError, MemoryError,
+              zipfile.BadZipFile)
