@@ -6,8 +6,12 @@ are regrouped to `[a_0 b_0 c_0 | a_1 b_1 c_1 | ...]` so each rank's contiguous s
 pieces of each. The module remembers this, and checkpoints convert back to the released layout.
 """
 
+import math
+
 import torch
 import torch.nn as nn
+
+from dit_trainer.errors import ConfigError
 
 # Set on each Linear whose rows were regrouped: (number of fused pieces, tp degree).
 FUSED_ROWS_ATTR = "_tp_fused_rows"
@@ -49,3 +53,12 @@ def apply_tp_plan(units, tp_mesh, plan: dict) -> None:
 
     for unit in units:
         parallelize_module(unit, tp_mesh, plan)
+
+
+def check_tp_divides(tp: int, counts, of: str = "") -> None:
+    """A one-line ConfigError naming only the (count, what) pairs `tp` does not divide (the MLP width
+    usually divides when the heads do not), and the largest degree that divides them all."""
+    parts = [f"{n} {what}" for n, what in counts if n % tp]
+    if parts:
+        raise ConfigError(f"parallel.tp={tp} does not divide the {' and the '.join(parts)}{of}; "
+                          f"pick a divisor of {math.gcd(*(n for n, _ in counts))}")

@@ -1,15 +1,12 @@
 """DiT's parallel plan: which modules tensor parallelism splits, where pipeline stages cut, and
 which units activation checkpointing, compile and FSDP wrap. The machinery is `parallel/`'s."""
 
-import math
-
 import torch.nn as nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from dit_trainer.errors import ConfigError
 from dit_trainer.parallel.parallelize import parallelize_units
 from dit_trainer.parallel.pipeline import build_pipeline, prune_to_stage
-from dit_trainer.parallel.tp import apply_tp_plan, regroup_fused_rows
+from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides, regroup_fused_rows
 
 # Column-wise in, row-wise out: one all-reduce per attention and per MLP. Embedders, adaLN
 # modulation and the final layer stay replicated: they act on the (B, D) conditioning vector or
@@ -37,13 +34,8 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     blocks = units(model)
     for block in blocks:
         heads = block.attn.qkv.out_features // 3 // block.attn.head_dim
-        channels = block.mlp.fc1.out_features
-        # Name only what does not divide: the MLP width usually does when the heads do not.
-        parts = [f"{n} {what}" for n, what in ((heads, "attention heads (model.num_heads)"), (channels, "MLP channels"))
-                 if n % tp]
-        if parts:
-            raise ConfigError(f"parallel.tp={tp} does not divide the {' and the '.join(parts)}; "
-                              f"pick a divisor of {math.gcd(heads, channels)}")
+        check_tp_divides(tp, ((heads, "attention heads (model.num_heads)"),
+                              (block.mlp.fc1.out_features, "MLP channels")))
         # The fused [q | k | v] rows are regrouped so each rank's shard holds whole q, k and v heads.
         regroup_fused_rows(block.attn.qkv, 3, tp)
     apply_tp_plan(blocks, tp_mesh, TP_PLAN)

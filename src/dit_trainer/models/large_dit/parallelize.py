@@ -13,16 +13,13 @@ collective, although at 7B its 25M parameters per layer are 11% of the block (ro
 with an all-gather of the 6·dim modulation is the next step if memory asks for it).
 """
 
-import math
-
 import torch.nn as nn
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from dit_trainer.errors import ConfigError
 from dit_trainer.parallel.parallelize import parallelize_units
 from dit_trainer.parallel.pipeline import build_pipeline, prune_to_stage
-from dit_trainer.parallel.tp import apply_tp_plan
+from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides
 
 # Only the first pipeline stage embeds, only the last one runs the final layer.
 FIRST_STAGE_ONLY = ("x_embedder", "t_embedder", "y_embedder")
@@ -73,11 +70,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
         hidden = layer.feed_forward.w1.out_features
         counts = ((attn.n_heads, "query heads (model.n_heads)"), (attn.n_kv_heads, "kv heads (model.n_kv_heads)"),
                   (hidden, "SwiGLU channels"))
-        # Name only what does not divide.
-        parts = [f"{n} {what}" for n, what in counts if n % tp]
-        if parts:
-            raise ConfigError(f"parallel.tp={tp} does not divide the {' and the '.join(parts)} of Large-DiT; "
-                              f"pick a divisor of {math.gcd(*(n for n, _ in counts))}")
+        check_tp_divides(tp, counts, of=" of Large-DiT")
     apply_tp_plan(layers, tp_mesh, tp_plan(not isinstance(layers[0].attention.q_norm, nn.Identity)) if layers else {})
 
 
