@@ -9,7 +9,8 @@ DEFAULT_VAE = "stabilityai/sd-vae-ft-mse"
 _VAE_CACHE: dict = {}
 
 
-def _manifest(path):
+def data_manifest(path):
+    """The shard manifest of the latents at `path`, or None (pixels, digits, no or unreadable manifest)."""
     if not path or path == "digits" or not os.path.isfile(os.path.join(path, "manifest.json")):
         return None
     try:
@@ -25,7 +26,7 @@ def vae_source(cfg, override=None):
     data = cfg.data
     if data.path == "digits" and not override:
         return None
-    manifest = _manifest(data.path) or {}
+    manifest = data_manifest(data.path) or {}
     vae = override or data.vae or manifest.get("vae")
     if not vae:
         return None

@@ -116,15 +116,14 @@ def check_grid_vae(cfg) -> None:
 
     from dit_trainer.data.vae import _looks_like_path
     from dit_trainer.errors import ConfigError
-    from dit_trainer.sample.decode import vae_source
+    from dit_trainer.sample.decode import data_manifest, vae_source
 
     source = vae_source(cfg)
     if source is None:
         return  # pixels, or latents previewed without a VAE
     name = source[0]
-    manifest = os.path.join(str(cfg.data.path), "manifest.json")
-    from_manifest = "data.vae" not in user_keys(cfg) and os.path.isfile(manifest) and _recorded_vae(cfg.data.path) == name
-    where = f" (recorded in {manifest})" if from_manifest else ""
+    from_manifest = "data.vae" not in user_keys(cfg) and (data_manifest(cfg.data.path) or {}).get("vae") == name
+    where = f" (recorded in {os.path.join(str(cfg.data.path), 'manifest.json')})" if from_manifest else ""
     if not os.path.isdir(os.path.expanduser(name)) and _looks_like_path(name):
         raise ConfigError(
             f"data.vae {name}{where} does not exist, and logging.image_steps {cfg.logging.image_steps} decodes "
@@ -133,16 +132,6 @@ def check_grid_vae(cfg) -> None:
     if importlib.util.find_spec("diffusers") is None:
         raise ConfigError(f"logging.image_steps {cfg.logging.image_steps} decodes sample grids with the VAE "
                           f"{name}{where}, which needs diffusers (the vae extra); install it or set logging.image_steps 0")
-
-
-def _recorded_vae(path):
-    from dit_trainer.data.shards import read_manifest
-    from dit_trainer.errors import DitError
-
-    try:
-        return read_manifest(path).get("vae")
-    except DitError:
-        return None
 
 
 def _mkdir(*parts):
