@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import yaml
-from trainer_helpers import tiny_config, write_npy_latents
+from trainer_helpers import run_config
 
 from dit_trainer.config import config_from_dict, config_yaml
 from dit_trainer.errors import ConfigError
@@ -15,12 +15,7 @@ from dit_trainer.train.resume_checks import check_same_model
 
 
 def _cfg(tmp_path, steps, **sections):
-    data = tmp_path / "latents"
-    if not data.exists():
-        write_npy_latents(data, n=8)
-    sections.setdefault("checkpoint", {"save_steps": 2, "save_total_limit": 0})
-    train = {"max_steps": steps, "global_batch_size": 4, **sections.pop("train", {})}
-    return tiny_config(tmp_path / "run", data={"path": str(data)}, train=train, **sections)
+    return run_config(tmp_path, steps, keep=0, **sections)
 
 
 def test_bare_step_name_and_the_steps_that_exist(tmp_path):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from trainer_helpers import tiny_config, write_npy_latents
+from trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.checkpoint import list_checkpoints
@@ -17,12 +17,7 @@ from dit_trainer.train.metrics import read_metrics
 
 
 def _cfg(tmp_path, steps, **sections):
-    data = tmp_path / "latents"
-    if not data.exists():
-        write_npy_latents(data, n=8)
-    sections.setdefault("checkpoint", {"save_steps": 2, "save_total_limit": 2})
-    train = {"max_steps": steps, "global_batch_size": 4, **sections.pop("train", {})}
-    return tiny_config(tmp_path / "run", data={"path": str(data)}, train=train, **sections)
+    return run_config(tmp_path, steps, keep=2, **sections)
 
 
 def _steps(tmp_path):

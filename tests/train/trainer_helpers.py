@@ -32,3 +32,14 @@ def write_npy_latents(folder, n=10, shape=(4, 8, 8), num_classes=10, seed=0):
         labels[f"{i:05d}"] = int(i % num_classes)
     (folder / "labels.json").write_text(json.dumps(labels))
     return folder
+
+
+def run_config(tmp_path, steps, keep=2, **sections):
+    """tiny_config for a run in tmp_path/run on 8 .npy latents written once to tmp_path/latents, batch 4,
+    a checkpoint every 2 steps keeping the newest `keep` (0: all) unless `checkpoint` is given."""
+    data = tmp_path / "latents"
+    if not data.exists():
+        write_npy_latents(data, n=8)
+    sections.setdefault("checkpoint", {"save_steps": 2, "save_total_limit": keep})
+    train = {"max_steps": steps, "global_batch_size": 4, **sections.pop("train", {})}
+    return tiny_config(tmp_path / "run", data={"path": str(data)}, train=train, **sections)
