@@ -101,6 +101,9 @@ def test_nested_dict():
 
 @pytest.mark.parametrize("args,needle", [
     (["--optim.learnig_rate", "1e-3"], "did you mean 'optim.lr'?"),  # a synonym, not model.learn_sigma
+    # A model key that belongs to another section points there, not at a model key spelt alike.
+    (["--model.learnig_rate", "1e-3"], "did you mean 'optim.lr'?"),
+    (["--model.batch_size", "8"], "did you mean 'train.global_batch_size'?"),
     (["--model.n_layers", "2"], "model.n_layers is a LargeDiT key; DiT's is 'model.depth'"),
     (["--model.name", "LargeDiT-600M/2", "--model.depth", "2"], "model.depth is a DiT key; LargeDiT's is 'model.n_layers'"),
     (["--model.name", "LargeDiT-600M/2", "--model.hidden_size", "64"], "LargeDiT's is 'model.dim'"),

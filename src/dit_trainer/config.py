@@ -293,7 +293,8 @@ def validate(cfg: Config) -> Config:
 
     _apply_model_file(cfg)
     check_values(cfg)
-    cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model)
+    elsewhere = [k for k in _all_keys() if not k.startswith("model.")]
+    cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model, elsewhere)
     return cfg
 
 

@@ -95,11 +95,12 @@ def _model_section(cfg) -> Mapping:
     return d
 
 
-def family_options(name: str, options: Mapping, model=None) -> dict:
+def family_options(name: str, options: Mapping, model=None, elsewhere=()) -> dict:
     """`options` typed and checked against the family config of model `name` (unknown names pass).
 
     A family config with a `check(name, model)` method also checks the values, given the model
-    section `model` (its shared fields such as `input_size`).
+    section `model` (its shared fields such as `input_size`). `elsewhere`: the dotted keys of the
+    other config sections, so an unknown option can point at one (`model.learning_rate` is optim.lr).
     """
     spec = _lookup(name)
     if spec is None or spec.config_cls is None:
@@ -109,8 +110,9 @@ def family_options(name: str, options: Mapping, model=None) -> dict:
         if key not in own:
             # A typo of a shared field ("nmae") should point there, not at the family's options.
             candidates = ["name", *SHARED_FIELDS, "weights_path", "config_file", *own]
+            mine = [f"model.{c}" for c in candidates]
             raise _other_family_error(key, spec, candidates) or closest_key_error(
-                f"model.{key}", [f"model.{c}" for c in candidates])
+                f"model.{key}", [*mine, *elsewhere], listed=mine)
     typed = build_dataclass(spec.config_cls, dict(options), prefix="model.")
     if model is not None and hasattr(typed, "check"):
         typed.check(spec.name, model)
