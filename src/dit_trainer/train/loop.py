@@ -21,8 +21,7 @@ def run(trainer) -> dict:
     main = trainer.dims.is_main
     if resumed is not None and trainer.step >= cfg.train.max_steps:
         if main:
-            # Commands that set max_steps from a flag of their own (`dit demo --steps`) name that flag.
-            flag = getattr(trainer, "max_steps_flag", "train.max_steps")
+            flag = trainer.max_steps_flag
             print(f"the run in {cfg.output_dir} is finished: {resumed.name} reached {flag} "
                   f"{cfg.train.max_steps}; raise {flag} to train further")
         return {}

@@ -108,6 +108,7 @@ class DiTTrainer:
         self.skipped_steps = 0  # updates skipped for a non-finite loss (train.skip_nonfinite_steps)
         self._signals = None  # StopSignals while train() runs
         self.stop_requested = False  # every rank agreed to stop after this step
+        self.max_steps_flag = "train.max_steps"  # how messages name it; `dit demo` says --steps
         self._dataset = dataset
         self._loader = None
         self._packing = None
