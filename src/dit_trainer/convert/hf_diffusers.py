@@ -69,16 +69,14 @@ def quiet_diffusers():
 
 
 def load_vae_model(vae):
-    """diffusers' AutoencoderKL from a folder or hub id, with a one-line error if it is missing."""
+    """diffusers' AutoencoderKL from a folder or hub id (data.vae's loader: one-line errors, an
+    offline Hub id fails fast), for a pipeline folder's vae/."""
     if not vae:
         raise ConfigError("a DiTPipeline needs the VAE the model was trained with; pass --vae DIR_OR_ID")
-    from diffusers import AutoencoderKL
+    from dit_trainer.data.vae import load_vae
 
-    try:
-        with quiet_diffusers():
-            return AutoencoderKL.from_pretrained(str(vae))
-    except Exception as err:
-        raise ConfigError(f"--vae {vae}: cannot load an AutoencoderKL ({type(err).__name__}); pass a diffusers VAE folder") from None
+    with quiet_diffusers():
+        return load_vae(vae)
 
 
 def write(bundle: Bundle, out) -> Path:
