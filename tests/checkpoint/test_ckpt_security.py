@@ -60,7 +60,7 @@ def test_planted_byte_item_runs_no_code(tmp_path):
     dcp.save({"trainer": _Payload(marker), "w": torch.zeros(2)}, checkpoint_id=str(tmp_path / "dcp"))
     assert not marker.exists()
     state = {"trainer": io.BytesIO(), "w": torch.ones(2)}
-    with pytest.raises(CheckpointError, match="trainer"):
+    with pytest.raises(CheckpointError, match=r"trainer refused: it needs code to unpickle \((posix|nt)\.system\)"):
         try:
             dcp.load(state, storage_reader=SafeFileSystemReader(str(tmp_path / "dcp")), planner=SafeLoadPlanner())
         except BaseException as err:  # DCP wraps failures in a BaseException
@@ -94,3 +94,37 @@ def test_metadata_attacks_refused(tmp_path, attack):
     with pytest.raises(CheckpointError) as info:
         read_metadata_file(path)
     assert "\n" not in str(info.value) and not (tmp_path / "pwned").exists()
+
+
+def _replace_trainer_state(ck, payload: bytes):
+    """Rewrite a sharded checkpoint with `payload` as its pickled trainer state, everything else kept."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp
+
+    flat = ck / "flat.pt"
+    dcp_to_torch_save(str(ck / "dcp"), str(flat))  # our own run: torch's planner is safe on it
+    state = torch.load(flat, weights_only=False)
+    state["trainer"] = io.BytesIO(payload)
+    torch.save(state, flat)
+    for f in (ck / "dcp").iterdir():
+        f.unlink()
+    torch_save_to_dcp(str(flat), str(ck / "dcp"))
+    flat.unlink()
+
+
+@pytest.mark.parametrize("kind", ["code", "damage"])
+def test_sharded_trainer_state_refusal_tells_code_from_damage(tmp_path, kind):
+    cfg = _sharded_run(tmp_path, steps=1)
+    ck = tmp_path / "run" / "checkpoints" / "step-00000001"
+    marker = tmp_path / "pwned"
+    buf = io.BytesIO()
+    torch.save({"step": 1, "x": _Payload(marker)}, buf)
+    payload = buf.getvalue()
+    _replace_trainer_state(ck, payload if kind == "code" else payload[: len(payload) // 2])
+    with pytest.raises(CheckpointError) as err:
+        DiTTrainer(cfg).load_checkpoint(ck)
+    msg = str(err.value)
+    assert "trainer state refused" in msg and "\n" not in msg and not marker.exists()
+    if kind == "code":
+        assert "needs code to unpickle" in msg and "system" in msg and "damaged" not in msg
+    else:
+        assert "is damaged" in msg and "needs code" not in msg

@@ -221,6 +221,15 @@ def _refused_global(err: BaseException):
     return name
 
 
+def weights_only_refusal(err: BaseException) -> str:
+    """Why a weights-only load of a checkpoint's own pickle failed, told apart: planted code or damage."""
+    code = _refused_global(err)
+    if code:
+        return (f"needs code to unpickle ({code}), which a weights-only load refuses; dit-trainer never writes "
+                "code into checkpoints, so it was replaced: use another checkpoint")
+    return f"is damaged ({type(err).__name__}); restore it or use another checkpoint"
+
+
 def _unreadable_pt(path: Path, err: BaseException) -> CheckpointError:
     """Why a .pt does not load, in one line: code it needs, damage, or not a torch file at all."""
     if isinstance(err, FileNotFoundError):

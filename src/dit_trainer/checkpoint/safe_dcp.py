@@ -16,6 +16,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from dit_trainer.checkpoint.files import weights_only_refusal
 from dit_trainer.errors import CheckpointError, one_line
 
 _MD = "torch.distributed.checkpoint.metadata"
@@ -100,7 +101,7 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             with torch.serialization.safe_globals([io.BytesIO]):
                 obj = torch.load(value, map_location="cpu", weights_only=True)
         except Exception as err:
-            raise CheckpointError(f"DCP item {read_item.dest_index.fqn} refused: not weights-only loadable ({type(err).__name__})") from None
+            raise CheckpointError(f"DCP item {read_item.dest_index.fqn} refused: it {weights_only_refusal(err)}") from None
         if self.flatten_state_dict:
             from torch.distributed.checkpoint._traverse import set_element
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 
+from dit_trainer.checkpoint.files import weights_only_refusal
 from dit_trainer.errors import CheckpointError
 from dit_trainer.parallel.tp import fused_row_layouts, fused_rows_to_full_layout, fused_rows_to_tp_layout
 from dit_trainer.parallel.utils import full, is_dtensor
@@ -189,7 +190,7 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         try:
             trainer = torch.load(trainer, map_location="cpu", weights_only=True) if trainer.getbuffer().nbytes else None
         except Exception as err:
-            raise CheckpointError(f"{path}: trainer state refused, not weights-only loadable ({type(err).__name__})") from None
+            raise CheckpointError(f"{path}: trainer state refused: it {weights_only_refusal(err)}") from None
     return trainer if load_trainer_state else None
 
 
