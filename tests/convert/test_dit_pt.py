@@ -53,3 +53,25 @@ def test_paddlemix_json(tmp_path, data, name):
     cfg = load_paddlemix_json(path)
     assert cfg["name"] == name and cfg["input_size"] == 32 and "depth" not in cfg
     assert config_from_dict({"model": cfg}).model.name == name  # a valid model: section
+
+
+def test_no_release_size_needs_its_head_count(tmp_path):
+    # No tensor holds the head count, and a wrong one computes another function: never guessed.
+    from dit_trainer.errors import CheckpointError
+
+    model = randomize(build_dit(TINY), std=0.3)
+    torch.save(model.state_dict(), tmp_path / "tiny.pt")
+    with pytest.raises(CheckpointError) as err:
+        read("dit-pt", tmp_path / "tiny.pt")
+    msg = str(err.value)
+    assert "depth 2 and hidden size 64 is no release size" in msg and "pass --num-heads" in msg and "\n" not in msg
+    bundle = read("dit-pt", tmp_path / "tiny.pt", num_heads=2)
+    assert bundle.model["num_heads"] == 2
+    converted = build_dit(bundle.model)
+    converted.load_state_dict(bundle.state_dict)
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([3, 700]), torch.tensor([1, 4])
+    torch.testing.assert_close(converted(x, t, y), model(x, t, y), rtol=1e-5, atol=1e-5)
+    with pytest.raises(CheckpointError, match="does not divide the hidden size 64"):
+        read("dit-pt", tmp_path / "tiny.pt", num_heads=3)
+    with pytest.raises(CheckpointError, match="drop --num-heads"):
+        read("dit-pt", tmp_path / "tiny.pt", model="DiT-S/2", num_heads=2)

@@ -87,7 +87,7 @@ def test_differing_per_block_embedders_refused(ours_dir, tmp_path):
 
 def test_wrong_model_name_names_key_and_fit(tmp_path):
     path = _release_pt(tmp_path / "DiT.pt")
-    with pytest.raises(CheckpointError, match=r"pos_embed is \(1, 16, 64\) but DiT-B/2 has \(1, 16, 768\).*missing blocks.2.*fit DiT-S/2 \(depth 2, hidden 64"):
+    with pytest.raises(CheckpointError, match=r"pos_embed is \(1, 16, 64\) but DiT-B/2 has \(1, 16, 768\).*missing blocks.2.*fit \(depth 2, hidden 64"):
         read("dit-pt", path, model="DiT-B/2")
 
 

@@ -8,7 +8,7 @@ The file holds tensors only; the model's size is read off their shapes unless `-
 from pathlib import Path
 
 from dit_trainer.convert.bundle import Bundle
-from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, shape_of
+from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, tensor_shape
 from dit_trainer.errors import CheckpointError
 from dit_trainer.model_file import is_model_file, load_model_file
 
@@ -22,36 +22,27 @@ def read(src, model=None, num_heads=None, vae=None) -> Bundle:
     if not path.is_file():
         raise CheckpointError(f"{src} is not a file; --from dit-pt takes a DiT .pt (or .safetensors) file")
     sd = load_weights(path, prefer_ema=True)
+    if model and num_heads:
+        raise CheckpointError(f"--model {model} gives the head count; drop --num-heads {num_heads}")
     if model and is_model_file(model):
         # The file says all the tensors do not (the heads); check_fits compares the two.
         cfg = {k: v for k, v in load_model_file(model).items() if k not in ("weights_path", "config_file")}
+    elif model:
+        cfg = _named(tensor_shape(sd, path.name), model)
     else:
-        cfg = infer_from_state_dict(sd, path.name)
-        if num_heads:
-            cfg = _with(cfg, num_heads=int(num_heads))
-        if model:
-            cfg = _named(cfg, model)
+        cfg = infer_from_state_dict(sd, path.name, num_heads)
     check_fits(sd, cfg, path.name)
     # The release's latents come from SD's VAE at 0.18215; the 512 model is 64x64 latents.
     return Bundle(state_dict=sd, model=cfg, vae=vae or "stabilityai/sd-vae-ft-mse", scaling_factor=0.18215,
                   class_names=None, source=str(path))
 
 
-def _with(cfg, **changes):
-    from dit_trainer.convert.model_config import model_config
-
-    shape = {**shape_of(cfg), **changes}
-    rest = {k: cfg[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")}
-    return model_config(shape["depth"], shape["hidden_size"], shape["num_heads"], shape["patch_size"],
-                        mlp_ratio=shape["mlp_ratio"], **rest)
-
-
-def _named(cfg, name):
-    """The inferred config under the size `name` gives (the tensors' own input size and classes)."""
+def _named(shape, name):
+    """The config of size `name` with the tensors' own input size, channels and classes."""
     from dit_trainer.models.dit import DiT_models
 
     canonical = next((n for n in DiT_models if n.lower() == str(name).lower()), None)
     if canonical is None:
         raise CheckpointError(f"--model {name} is not a DiT size; pick one of {', '.join(DiT_models)}")
-    keep = {k: cfg[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")}
-    return {"name": canonical, **keep}
+    keep = {k: shape[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma")}
+    return {"name": canonical, **keep, "class_dropout_prob": 0.1}

@@ -64,8 +64,9 @@ def convention_of(cfg: dict) -> dict:
     return {k: cfg.get(k, v) for k, v in RELEASE_CONVENTION.items()}
 
 
-def infer_from_state_dict(sd: dict, source="weights") -> dict:
-    """Model config of a DiT state dict (release names) read off its tensor shapes."""
+def tensor_shape(sd: dict, source="weights") -> dict:
+    """What a DiT state dict (release names) says of its model through its tensor shapes: everything
+    but the head count."""
     need = ("x_embedder.proj.weight", "pos_embed", "final_layer.linear.weight", "y_embedder.embedding_table.weight")
     missing = [k for k in need if k not in sd]
     if missing:
@@ -73,21 +74,32 @@ def infer_from_state_dict(sd: dict, source="weights") -> dict:
                               f"(first keys: {', '.join(list(sd)[:3])}); pass a DiT checkpoint")
     proj = sd["x_embedder.proj.weight"]
     hidden, in_channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[-1])
-    depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
     grid = math.isqrt(int(sd["pos_embed"].shape[1]))
     out_channels = int(sd["final_layer.linear.weight"].shape[0]) // (patch * patch)
-    rows = int(sd["y_embedder.embedding_table.weight"].shape[0])
     fc1 = sd.get("blocks.0.mlp.fc1.weight")
-    mlp_ratio = fc1.shape[0] / hidden if fc1 is not None else 4.0
-    heads = next((h for d, w, h in SIZES.values() if (d, w) == (depth, hidden)), None)
-    if heads is None:
-        if hidden % 64:
-            raise CheckpointError(f"{source}: a DiT of depth {depth} and hidden size {hidden} is no release size and "
-                                  "its head count is not in the tensors; pass --num-heads, or --model with its model JSON")
-        heads = hidden // 64  # every release size but XL uses 64-wide heads
     # Released checkpoints and ours always hold the null-class row that guidance needs.
-    return model_config(depth, hidden, heads, patch, grid * patch, in_channels, rows - 1,
-                        learn_sigma=out_channels == 2 * in_channels, mlp_ratio=mlp_ratio)
+    return {"depth": len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), "hidden_size": hidden,
+            "patch_size": patch, "input_size": grid * patch, "in_channels": in_channels,
+            "num_classes": int(sd["y_embedder.embedding_table.weight"].shape[0]) - 1,
+            "learn_sigma": out_channels == 2 * in_channels,
+            "mlp_ratio": fc1.shape[0] / hidden if fc1 is not None else 4.0}
+
+
+def infer_from_state_dict(sd: dict, source="weights", num_heads=None) -> dict:
+    """Model config of a DiT state dict (release names) read off its tensor shapes; the head count is
+    the release size's, else `num_heads` (no tensor holds it, and a wrong one computes another function)."""
+    shape = tensor_shape(sd, source)
+    depth, hidden = shape["depth"], shape["hidden_size"]
+    heads = num_heads or next((h for d, w, h in SIZES.values() if (d, w) == (depth, hidden)), None)
+    if heads is None:
+        widths = ", ".join(f"{h} for {hidden // h}-wide heads" for h in (hidden // 64, hidden // 72) if h and hidden % h == 0)
+        raise CheckpointError(f"{source}: a DiT of depth {depth} and hidden size {hidden} is no release size and its "
+                              f"head count is not in the tensors; pass --num-heads (the model's own: "
+                              f"{widths or 'a divisor of ' + str(hidden)}), or --model with its model JSON")
+    if hidden % int(heads):
+        raise CheckpointError(f"{source}: --num-heads {heads} does not divide the hidden size {hidden}")
+    return model_config(depth, hidden, int(heads), shape["patch_size"], shape["input_size"], shape["in_channels"],
+                        shape["num_classes"], learn_sigma=shape["learn_sigma"], mlp_ratio=shape["mlp_ratio"])
 
 
 def expected_shapes(cfg: dict) -> dict:
@@ -115,9 +127,10 @@ def check_fits(sd: dict, cfg: dict, source) -> None:
     if unexpected:
         parts.append(f"unexpected {', '.join(unexpected[:3])}")
     try:
-        fit = infer_from_state_dict(sd, source)
-        shape = shape_of(fit)
-        hint = (f"; the tensors fit {fit['name']} (depth {shape['depth']}, hidden {shape['hidden_size']}, "
+        fit = tensor_shape(sd, source)
+        size = next((k for k, (d, w, _) in SIZES.items() if (d, w) == (fit["depth"], fit["hidden_size"])), None)
+        label = f"DiT-{size}/{fit['patch_size']} " if size else ""
+        hint = (f"; the tensors fit {label}(depth {fit['depth']}, hidden {fit['hidden_size']}, "
                 f"input_size {fit['input_size']}, num_classes {fit['num_classes']})")
     except Exception:
         hint = ""
