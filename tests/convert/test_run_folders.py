@@ -61,3 +61,26 @@ def test_other_pos_embed_refused_with_its_difference(ours_dir, tmp_path):
     run = _run(tmp_path, ours_dir, pos_noise=0.05)
     with pytest.raises(CheckpointError, match=r"pos_embed differs from DiT's fixed sin-cos table by up to 0\.\d+ "):
         convert("ours", run, "diffusers", tmp_path / "d")
+
+
+def test_transport_run_keeps_its_objective_and_is_not_exported_as_ddim(ours_dir, tmp_path):
+    run = _run(tmp_path, ours_dir)
+    step = run / "checkpoints" / "step-00000010"
+    cfg = yaml.safe_load((step / "config.yaml").read_text())
+    cfg.update({"objective": "transport", "transport": {"path_type": "GVP", "prediction": "velocity"}})
+    (step / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+    bundle = read("ours", run)
+    assert bundle.transport["path_type"] == "GVP" and bundle.transport["prediction"] == "velocity"
+    pipe = DiTPipeline.from_pretrained(run)
+    assert pipe.cfg.objective == "transport" and pipe.cfg.transport.path_type == "GVP"
+    images = pipe(class_labels=[1], num_inference_steps=2, output_type="np")  # the ODE, not DDIM
+    assert images.shape == (1, 16, 16, 3) and np.isfinite(images).all()
+    for fmt in ("diffusers", "ppdiffusers"):
+        with pytest.raises(ConfigError, match="objective transport.*cannot sample"):
+            convert("ours", run, fmt, tmp_path / fmt)
+        assert not (tmp_path / fmt).exists()
+    out, _ = convert("ours", run, "ours", tmp_path / "o")
+    back = read("ours", out)
+    assert back.transport == bundle.transport
+    assert read("ours", ours_dir).transport is None

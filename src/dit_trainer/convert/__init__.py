@@ -45,6 +45,10 @@ def write(fmt, bundle: Bundle, out):
         from dit_trainer.convert import ppdiffusers_fmt as mod
     else:
         raise ConfigError(f"--to {fmt}: not one of {', '.join(WRITERS)} (dit-pt is read only)")
+    if fmt != "ours" and bundle.transport is not None:
+        # Their DiTPipeline samples a noise-prediction model with DDIM; a velocity model would come out as noise.
+        raise ConfigError(f"{bundle.source} was trained with objective transport (SiT's interpolants), which "
+                          f"{fmt}' DiTPipeline cannot sample; use dit sample or DiTPipeline.from_pretrained on it")
     return mod.write(bundle, out)
 
 

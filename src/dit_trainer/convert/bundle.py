@@ -19,4 +19,7 @@ class Bundle:
     scaling_factor: Optional[float] = None
     class_names: Optional[list] = None
     diffusion: dict = field(default_factory=lambda: {"num_timesteps": 1000, "noise_schedule": "linear"})
+    # The `transport:` section of a run trained with `objective: transport` (SiT's interpolants);
+    # None for a noise-prediction diffusion model, the only kind DiTPipeline folders hold.
+    transport: Optional[dict] = None
     source: str = ""

@@ -81,8 +81,9 @@ def read(src, model=None, vae=None) -> Bundle:
         raise ConfigError(f"{path}: the latents carry a shift factor ({shift}), which diffusers' DiTPipeline cannot undo")
     diffusion = {"num_timesteps": cfg.diffusion.num_timesteps, "noise_schedule": cfg.diffusion.noise_schedule,
                  "predict_xstart": cfg.diffusion.predict_xstart}
+    transport = cfg.to_dict()["transport"] if cfg.objective == "transport" else None
     return Bundle(state_dict=sd, model=mcfg, vae=vae_id, scaling_factor=scaling, class_names=names,
-                  diffusion=diffusion, source=str(path))
+                  diffusion=diffusion, transport=transport, source=str(path))
 
 
 def _labels(path):
@@ -109,6 +110,10 @@ def write(bundle: Bundle, out) -> Path:
     cfg.diffusion.num_timesteps = int(bundle.diffusion.get("num_timesteps", 1000))
     cfg.diffusion.noise_schedule = bundle.diffusion.get("noise_schedule", "linear")
     cfg.diffusion.predict_xstart = bool(bundle.diffusion.get("predict_xstart", False))
+    if bundle.transport is not None:
+        cfg.objective = "transport"
+        for key, value in bundle.transport.items():
+            setattr(cfg.transport, key, value)
     cfg.model.weights_path = None
     cfg.data.path = None
     if bundle.vae:

@@ -72,6 +72,7 @@ class DiTPipeline:
             "model": {k: v for k, v in bundle.model.items() if k not in CONVENTION_KEYS},
             "diffusion": dict(bundle.diffusion),
             "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215},
+            **({"objective": "transport", "transport": bundle.transport} if bundle.transport is not None else {}),
         })
         decoder = (None, None, None)
         if bundle.vae:
@@ -93,8 +94,10 @@ class DiTPipeline:
 
     @torch.no_grad()
     def __call__(self, class_labels, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
-                 sampler="ddim", output_type="pil", progress=False, compile=False):
+                 sampler=None, output_type="pil", progress=False, compile=False):
         """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1].
+
+        `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT).
 
         `compile=True` compiles the model's forward on the first call (about a minute), for many calls.
         """
