@@ -149,3 +149,16 @@ def test_reference_from_images_skips_and_lists_unreadable_images(tmp_path, capsy
         (tmp_path / name).unlink()
     reference_from_images(tmp_path, tmp_path / "ref.npz", **kwargs)
     assert not listing.exists()  # a stale list would name images that are gone
+
+
+def test_an_image_batch_as_reference_is_measured_with_the_digit_network(tmp_path, capsys):
+    # A plain arr_0 batch holds no statistics of any network: measured with the one asked for.
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "a.npz", arr_0=real_digits_uint8(rng.permutation(1797)[:300]))
+    np.savez(tmp_path / "b.npz", arr_0=real_digits_uint8(rng.permutation(1797)[:300]))
+    code, out = _run(["eval", "--network", "digits", "--samples", str(tmp_path / "a.npz"), "--ref",
+                      str(tmp_path / "b.npz"), "--device", "cpu", "--no-progress", "--json", str(tmp_path / "m.json")],
+                     capsys)
+    m = json.loads((tmp_path / "m.json").read_text())
+    # Two small real batches: FID carries small-sample bias (noise scores > 100), precision does not.
+    assert code == 0 and m["num_reference_features"] == 300 and m["fid"] < 100 and m["precision"] > 0.8

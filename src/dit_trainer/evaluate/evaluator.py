@@ -57,7 +57,9 @@ def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=
         feats = extract_features(network, real_digits_uint8(), batch_size, dtype, device, progress, desc="real digits")
         return ReferenceStats.from_features(feats, network="digits")
     stats = ReferenceStats.load(ref)
-    measured_by = "inception" if stats is None or stats.network is None else stats.network
+    # A file without statistics is only images, measured below with whichever network is asked for;
+    # statistics that name no network are the ADM evaluator's Inception ones.
+    measured_by = network.name if stats is None else (stats.network or "inception")
     if measured_by != network.name:
         raise ConfigError(f"{ref} holds {measured_by} features but the samples are measured with "
                           f"--network {network.name}; use the same network for both")
