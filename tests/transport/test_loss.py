@@ -27,6 +27,23 @@ def test_default_epsilons_follow_the_release():
     assert create_transport("Linear", "noise").train_interval() == (1e-3, 1 - 1e-3)
 
 
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(path_type="Linear", prediction="score", train_eps=-0.5), "transport.train_eps is -0.5; it must be in [0, 0.5)"),
+    (dict(path_type="GVP", prediction="noise", sample_eps=0.7), "transport.sample_eps is 0.7"),
+    (dict(path_type="VP", prediction="velocity", train_eps=float("nan")), "transport.train_eps is nan"),
+    # The release silently trains on [0, 1] whatever is passed here.
+    (dict(path_type="Linear", prediction="velocity", train_eps=0.01), "transport.train_eps 0.01 has no effect"),
+    (dict(path_type="GVP", prediction="velocity", sample_eps=0.05), "transport.sample_eps 0.05 has no effect"),
+])
+def test_epsilons_out_of_range_or_without_effect_are_refused(kwargs, needle):
+    with pytest.raises(ConfigError) as err:
+        create_transport(**kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+    # Values that do apply, and 0 where none does, are taken as given.
+    assert create_transport("Linear", "score", train_eps=0.01).train_interval() == (0.01, 0.99)
+    assert create_transport("Linear", "velocity", train_eps=0, sample_eps=0).train_interval() == (0, 1)
+
+
 @pytest.mark.parametrize("bad", [dict(path_type="Cosine"), dict(prediction="x0"), dict(loss_weight="snr")])
 def test_bad_names_are_config_errors(bad):
     with pytest.raises(ConfigError):

@@ -16,8 +16,8 @@ class TransportConfig:
     path_type: str = "Linear"  # Linear | GVP | VP
     prediction: str = "velocity"  # velocity | score | noise
     loss_weight: Optional[str] = None  # None | velocity | likelihood (score and noise models only)
-    train_eps: Optional[float] = None  # t is drawn from [train_eps, 1 - train_eps] (None: the release's default)
-    sample_eps: Optional[float] = None  # samplers stop this far from the ends (None: the release's default)
+    train_eps: Optional[float] = None  # in [0, 0.5): t keeps this far from the path's singular ends (None: the release's default; VP and score/noise only)
+    sample_eps: Optional[float] = None  # in [0, 0.5): samplers stop this far from the ends (None: the release's default; VP and score/noise only)
     t_sampler: str = "uniform"  # uniform | logit-normal
     logit_mean: float = 0.0  # mean of the logit-normal t sampler
     logit_std: float = 1.0  # std of the logit-normal t sampler

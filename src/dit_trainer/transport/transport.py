@@ -137,9 +137,9 @@ def create_transport(path_type="Linear", prediction="velocity", loss_weight=None
     """A `Transport` with the SiT release's defaults for the epsilons.
 
     VP: train_eps 1e-5, sample_eps 1e-3. Linear/GVP with score or noise prediction: 1e-3 both.
-    Linear/GVP with velocity prediction are stable on all of [0, 1], so both are 0 whatever is
-    passed (as in the release). Unlike the release, an epsilon left None gets its default even
-    when the other one is given.
+    Linear/GVP with velocity prediction are stable on all of [0, 1], so both are 0; the release
+    ignores a value passed there, here it is an error. Unlike the release, an epsilon left None
+    gets its default even when the other one is given.
     """
     if path_type not in PATHS:
         raise ConfigError(f"transport.path_type {path_type!r} is not one of {', '.join(PATHS)}")
@@ -147,6 +147,14 @@ def create_transport(path_type="Linear", prediction="velocity", loss_weight=None
         raise ConfigError(f"transport.prediction {prediction!r} is not one of {', '.join(PREDICTIONS)}")
     if loss_weight not in LOSS_WEIGHTS:
         raise ConfigError(f"transport.loss_weight {loss_weight!r} is not one of None, velocity, likelihood")
+    for key, eps in (("train_eps", train_eps), ("sample_eps", sample_eps)):
+        if eps is None:
+            continue
+        if not 0 <= eps < 0.5:  # NaN fails too
+            raise ConfigError(f"transport.{key} is {eps!r}; it must be in [0, 0.5): t stays eps away from the ends")
+        if eps != 0 and path_type != "VP" and prediction == "velocity":
+            raise ConfigError(f"transport.{key} {eps} has no effect: {path_type} with velocity prediction trains and "
+                              f"samples on all of [0, 1] (as in SiT); drop it, or use path VP or a score/noise prediction")
     if path_type == "VP":
         train_eps = 1e-5 if train_eps is None else train_eps
         sample_eps = 1e-3 if sample_eps is None else sample_eps
