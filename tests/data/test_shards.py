@@ -196,3 +196,32 @@ def test_convert_fastdit_features_via_cli(tmp_path):
     assert len(ds) == 5 and [int(ds[i][1]) for i in range(5)] == [0, 1, 2, 0, 1]
     assert float(ds[4][0].mean()) == 4.0
     assert read_manifest(out)["dtype"] == "float16"
+
+
+def test_convert_refuses_a_npy_folder_without_labels_unless_unconditional(tmp_path, capsys):
+    # As dit train does: packed into shards, the labels someone forgot would be lost without a word.
+    src = tmp_path / "npy"
+    _npy_folder(src, n=4)
+    assert main(["data", "convert", str(src), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "has no labels file" in err and "--labels-file" in err and "--unconditional" in err
+    assert not (tmp_path / "out").exists()
+    assert main(["data", "convert", str(src), "--out", str(tmp_path / "out"), "--no-progress", "--unconditional"]) == 0
+    assert read_manifest(tmp_path / "out")["num_classes"] == 1
+
+
+def test_verify_reads_per_file_latents(tmp_path, capsys):
+    src = tmp_path / "npy"
+    _npy_folder(src, n=5)
+    (src / "labels.json").write_text(json.dumps({"labels": {str(i): i % 3 for i in range(5)}}))
+    assert main(["data", "verify", str(src), "--no-progress"]) == 0
+    assert "ok: 5 per-file latents (4, 8, 8), 3 classes" in capsys.readouterr().out
+    bad = np.zeros((1, 4, 8, 8), dtype=np.float32)
+    bad[0, 0, 0, 0] = np.nan
+    np.save(src / "3.npy", bad)
+    assert main(["data", "verify", str(src), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "3.npy contains NaN" in err and len(err.strip().splitlines()) == 1
+    (src / "labels.json").unlink()
+    assert main(["data", "verify", str(src), "--no-progress"]) == 1
+    assert "has no labels file" in capsys.readouterr().err

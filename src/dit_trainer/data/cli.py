@@ -31,7 +31,7 @@ def _convert(args) -> int:
 
     m = convert(args.src, args.out, shard_size=args.shard_size, dtype=args.dtype, num_classes=args.num_classes,
                 labels_file=args.labels_file, vae=args.vae, scaling_factor=args.scaling_factor,
-                image_size=args.image_size, progress=not args.no_progress)
+                image_size=args.image_size, progress=not args.no_progress, unconditional=args.unconditional)
     print(f"dit data convert: {m['count']} latents {tuple(m['latent_shape'])} in {len(m['shards'])} shards "
           f"-> {os.path.join(args.out, 'manifest.json')}", file=sys.stderr)
     return 0
@@ -39,8 +39,17 @@ def _convert(args) -> int:
 
 def _verify(args) -> int:
     from dit_trainer.data.shards import read_manifest
-    from dit_trainer.data.tools import verify
+    from dit_trainer.data.tools import is_per_file_folder, verify, verify_per_file
 
+    if is_per_file_folder(args.path):
+        problems, ds = verify_per_file(args.path, args.labels_file, args.unconditional, progress=not args.no_progress)
+        for line in problems:
+            print(f"dit data verify: {line}", file=sys.stderr)
+        if problems:
+            return 1
+        print(f"dit data verify: ok: {len(ds)} per-file latents {ds.latent_shape}, {ds.num_classes} classes "
+              f"(dit train reads them as they are; dit data convert packs them into shards)")
+        return 0
     problems = verify(args.path, progress=not args.no_progress)
     for line in problems:
         print(f"dit data verify: {line}", file=sys.stderr)
@@ -91,13 +100,17 @@ def add_commands(subparsers) -> None:
     c.add_argument("--dtype", choices=("float16", "float32"), default="float16", help="storage dtype")
     c.add_argument("--num-classes", type=int, default=None, help="number of classes (default: from the labels)")
     c.add_argument("--labels-file", default=None, help="labels.json|.npy|.txt for a .npy folder (default: found beside it)")
+    c.add_argument("--unconditional", action="store_true",
+                   help="pack a .npy folder without labels file as one class (default: refused, as dit train does)")
     c.add_argument("--vae", default=None, help="the VAE that made the latents, recorded for `dit sample`")
     c.add_argument("--scaling-factor", type=float, default=0.18215, help="factor the latents were multiplied by")
     c.add_argument("--image-size", type=int, default=None,
                    help="image size the latents came from (default: 8 × latent side)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(func=_convert)
-    v = dsub.add_parser("verify", help="check counts, shapes, dtypes, NaN/inf and the manifest of a shard folder")
-    v.add_argument("path", help="shard folder holding manifest.json")
+    v = dsub.add_parser("verify", help="check counts, shapes, dtypes, NaN/inf (and the manifest) of a latent folder")
+    v.add_argument("path", help="shard folder holding manifest.json, or per-file latents (.npy folder, fast-DiT features)")
+    v.add_argument("--labels-file", default=None, help="labels file of a .npy folder (default: found beside it)")
+    v.add_argument("--unconditional", action="store_true", help="a .npy folder without labels file is one class")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     v.set_defaults(func=_verify)

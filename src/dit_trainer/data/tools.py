@@ -15,8 +15,13 @@ from dit_trainer.errors import DataError, one_line
 _SCAN_ROWS = 512
 
 
-def open_per_file_latents(src: str, num_classes: Optional[int] = None, labels_file=None):
-    """The per-file dataset at `src`: fast-DiT/PaddleMIX features or a folder of `.npy` latents."""
+def open_per_file_latents(src: str, num_classes: Optional[int] = None, labels_file=None, unconditional: bool = False):
+    """The per-file dataset at `src`: fast-DiT/PaddleMIX features or a folder of `.npy` latents.
+
+    A `.npy` folder without a labels file is refused unless `unconditional` (one class), as `dit
+    train` refuses it: packed into shards, the labels someone forgot would be lost for good.
+    """
+    from dit_trainer.data.labels import find_labels_file
     from dit_trainer.data.latents import FASTDIT_FEATURES, FASTDIT_LABELS, FastDiTFeatures, NpyLatentFolder
 
     if os.path.isfile(os.path.join(src, sh.MANIFEST)):
@@ -26,17 +31,20 @@ def open_per_file_latents(src: str, num_classes: Optional[int] = None, labels_fi
         return FastDiTFeatures(src, num_classes=num_classes)
     if base == FASTDIT_FEATURES and os.path.isdir(os.path.join(parent, FASTDIT_LABELS)):
         return FastDiTFeatures(parent, num_classes=num_classes)
-    return NpyLatentFolder(src, num_classes=num_classes, labels_file=labels_file)
+    if not unconditional and labels_file is None and os.path.isdir(src) and find_labels_file(src) is None:
+        raise DataError(f"{src} has no labels file (labels.json|.npy|.txt beside the latents); write one, pass "
+                        f"--labels-file, or --unconditional to pack one class")
+    return NpyLatentFolder(src, num_classes=num_classes, labels_file=labels_file, unconditional=bool(unconditional))
 
 
 def convert(src, out, shard_size: int = 4096, dtype: str = "float16", num_classes: Optional[int] = None,
             labels_file=None, vae: Optional[str] = None, scaling_factor: float = 0.18215,
-            image_size: Optional[int] = None, progress: bool = True) -> Dict:
+            image_size: Optional[int] = None, progress: bool = True, unconditional: bool = False) -> Dict:
     """Pack the per-file latents at `src` into shards under `out`; returns the manifest."""
     src, out = os.fspath(src), os.fspath(out)
     if shard_size < 1:
         raise DataError("--shard-size must be >= 1")
-    ds = open_per_file_latents(src, num_classes, labels_file)
+    ds = open_per_file_latents(src, num_classes, labels_file, unconditional)
     if os.path.isfile(os.path.join(out, sh.MANIFEST)):
         raise DataError(f"{out} already holds shards; pass another --out or delete it")
     os.makedirs(out, exist_ok=True)
@@ -135,6 +143,35 @@ def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> Lis
             problems.append(f"{path}: negative posterior std near row {lo}; re-extract this shard")
             break
     return problems
+
+
+def is_per_file_folder(path) -> bool:
+    """Whether `path` is latents without shards: fast-DiT/PaddleMIX features or a folder of `.npy` files."""
+    from dit_trainer.data.latents import FASTDIT_FEATURES
+
+    root = os.fspath(path)
+    if not os.path.isdir(root) or os.path.isfile(os.path.join(root, sh.MANIFEST)):
+        return False
+    return os.path.isdir(os.path.join(root, FASTDIT_FEATURES)) or os.path.basename(os.path.normpath(root)) == FASTDIT_FEATURES \
+        or bool(glob.glob(os.path.join(root, "*.npy")))
+
+
+def verify_per_file(path, labels_file=None, unconditional: bool = False, progress: bool = False):
+    """(problems, the dataset) of per-file latents at `path`: what `dit train` reads them as, every file
+    read once for its shape, dtype and NaN/inf; the dataset is None when it cannot be opened."""
+    try:
+        ds = open_per_file_latents(os.fspath(path), labels_file=labels_file, unconditional=unconditional)
+    except DataError as err:
+        return [str(err)], None
+    from tqdm import tqdm
+
+    problems = []
+    for i in tqdm(range(len(ds)), unit="latent", desc="verify", disable=not progress, mininterval=1.0):
+        try:
+            ds.load_latent(i)
+        except DataError as err:
+            problems.append(str(err))
+    return problems, ds
 
 
 def verify(path, progress: bool = False) -> List[str]:
