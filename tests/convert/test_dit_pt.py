@@ -36,7 +36,9 @@ def test_training_dict_prefers_ema_and_cli(tmp_path, capsys):
     assert args.func(args) == 0
     bundle = read("ours", tmp_path / "out")
     assert torch.equal(bundle.state_dict["blocks.0.attn.qkv.weight"], ema["blocks.0.attn.qkv.weight"])
-    assert bundle.model["num_heads"] == 2 and bundle.model["depth"] == 2 and "DiT-S/2" in capsys.readouterr().out
+    assert bundle.model["num_heads"] == 2 and bundle.model["depth"] == 2
+    # The size name alone would claim a 12-block DiT-S/2: the message names the overrides too.
+    assert "wrote DiT-S/2 (depth 2, hidden_size 64, num_heads 2; " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("data,name", [

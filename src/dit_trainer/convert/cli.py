@@ -24,6 +24,9 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+SIZE_KEYS = ("depth", "hidden_size", "num_heads", "mlp_ratio", "dim", "n_layers", "n_heads", "n_kv_heads")
+
+
 def run(args) -> int:
     """Convert and say what was written."""
     from dit_trainer.convert import convert
@@ -32,7 +35,11 @@ def run(args) -> int:
                           num_heads=args.num_heads, convention=args.timestep_convention)
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}
     note = f" (timestep convention {extra})" if extra else ""
-    print(f"wrote {bundle.model['name']} ({len(bundle.state_dict)} tensors) as {args.dst_format} to {out}{note}")
+    # A size name with overrides (a run of DiT-XL/2 at --model.depth 2) is not that size: say what it is.
+    sized = [f"{k} {bundle.model[k]}" for k in SIZE_KEYS if k in bundle.model]
+    what = f"{bundle.model['name']} ({', '.join(sized)}; {len(bundle.state_dict)} tensors)" if sized else \
+        f"{bundle.model['name']} ({len(bundle.state_dict)} tensors)"
+    print(f"wrote {what} as {args.dst_format} to {out}{note}")
     if args.dst_format in ("diffusers", "ppdiffusers") and int(bundle.model.get("num_classes", 1000)) != 1000:
         # Their DiTPipeline hard-codes label 1000 as the null class.
         print(f"note: {args.dst_format}' DiTPipeline guides with label 1000 as the null class; this model has "
