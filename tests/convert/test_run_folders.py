@@ -84,3 +84,18 @@ def test_transport_run_keeps_its_objective_and_is_not_exported_as_ddim(ours_dir,
     back = read("ours", out)
     assert back.transport == bundle.transport
     assert read("ours", ours_dir).transport is None
+
+
+def test_converted_folder_with_its_vae_can_be_moved(ours_dir, tmp_path):
+    # The vae/ a converted folder carries is recorded relative to it, as diffusers folders do.
+    out, _ = convert("ours", ours_dir, "ours", tmp_path / "a")
+    assert yaml.safe_load((out / "config.yaml").read_text())["data"]["vae"] == "vae"
+    moved = tmp_path / "elsewhere" / "b"
+    shutil.move(str(out), str(moved))
+    bundle = read("ours", moved)
+    assert bundle.vae == str((moved / "vae").resolve())
+    images = DiTPipeline.from_pretrained(moved)(class_labels=[1], num_inference_steps=2, output_type="np")
+    assert images.shape == (1, 16, 16, 3) and np.isfinite(images).all()
+    from dit_trainer.sample.loading import load_model
+
+    assert load_model(moved)[1].data.vae == str((moved / "vae").resolve())

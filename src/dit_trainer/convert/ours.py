@@ -61,10 +61,12 @@ def read(src, model=None, vae=None) -> Bundle:
     """A Bundle from our run or checkpoint folder (EMA weights)."""
     from dit_trainer.class_names import dataset_class_names
     from dit_trainer.sample import vae_source
+    from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.checkpoint import load_weights
 
     path = checkpoint_dir(src)
     cfg, convention = read_config(path / "config.yaml")
+    anchor_vae(cfg, path)
     from_file = model and is_model_file(model)
     if model and not from_file and model.lower() != cfg.model.name.lower():
         raise ConfigError(f"--model {model} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
@@ -135,7 +137,8 @@ def write(bundle: Bundle, out) -> Path:
 
 
 def _copy_vae(vae, dest: Path) -> str:
-    """A local diffusers VAE folder is copied next to the weights; a hub id is recorded as it is."""
+    """A local diffusers VAE folder is copied next to the weights and recorded relative to them (the
+    folder stays valid when copied or moved); a hub id is recorded as it is."""
     src = Path(vae)
     if not src.is_dir():
         return str(vae)
@@ -143,4 +146,4 @@ def _copy_vae(vae, dest: Path) -> str:
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(src, dest)
-    return str(dest.resolve())
+    return dest.name

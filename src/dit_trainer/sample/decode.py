@@ -21,6 +21,17 @@ def data_manifest(path):
         return None
 
 
+def anchor_vae(cfg, folder):
+    """`cfg` with a relative data.vae that names a folder inside checkpoint `folder` (the `vae/` a
+    converted folder carries) made absolute, so the checkpoint folder can be copied or moved."""
+    vae = cfg.data.vae
+    if vae and not os.path.isabs(os.path.expanduser(str(vae))):
+        inside = os.path.join(os.fspath(folder), str(vae))
+        if os.path.isdir(inside):
+            cfg.data.vae = os.path.abspath(inside)
+    return cfg
+
+
 def vae_source(cfg, override=None):
     """(VAE id or folder, scaling_factor, shift_factor) that decodes the model's latents, or None for pixels."""
     data = cfg.data

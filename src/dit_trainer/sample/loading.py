@@ -13,6 +13,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
     `model_name` is a registered name or a model config file (PaddleMIX DiT JSON, our YAML)."""
     from dit_trainer.checkpoint import latest_checkpoint, load_into, load_weights
     from dit_trainer.config import Config, load_config, validate
+    from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.models import get_spec
 
     path = Path(ckpt)
@@ -32,7 +33,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         path = latest
     from_file = bool(model_name) and is_model_file(model_name)
     if path.is_dir():
-        cfg = load_config(str(path / "config.yaml"))
+        cfg = anchor_vae(load_config(str(path / "config.yaml")), path)
         if from_file:
             _check_same(cfg, model_name, path)
         elif model_name and get_spec(model_name).name != get_spec(cfg.model.name).name:
