@@ -120,3 +120,20 @@ def test_export_with_an_uncached_hub_vae_offline_fails_at_once(ours_dir, tmp_pat
     assert "'org/uncached-vae' is not in the Hugging Face cache" in str(err.value) and "\n" not in str(err.value)
     assert probes == [vae_mod.HUB_PROBE_TIMEOUT_S]
     assert not (tmp_path / "d" / "vae").exists()
+
+
+def test_pixel_model_export_says_it_has_no_pipeline_form(vae_dir, tmp_path):
+    from dit_trainer.convert import write
+    from dit_trainer.convert.bundle import Bundle
+    from dit_trainer.convert.model_config import build_dit
+    from dit_trainer.errors import ConfigError
+
+    cfg = {**TINY, "in_channels": 1}
+    bundle = Bundle(state_dict=build_dit(cfg).state_dict(), model=cfg, source="digits-run")
+    with pytest.raises(ConfigError, match="digits-run records no VAE.*trained on pixels.*no DiTPipeline form"):
+        write("diffusers", bundle, tmp_path / "d")
+    # The VAE the message asks for must make the latents the model takes, or the pipeline fails on first use.
+    bundle.vae = str(vae_dir)
+    with pytest.raises(ConfigError, match="makes 4-channel latents but the model takes 1 channels"):
+        write("diffusers", bundle, tmp_path / "d")
+    assert not (tmp_path / "d").exists()

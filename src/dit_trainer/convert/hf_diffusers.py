@@ -68,15 +68,23 @@ def quiet_diffusers():
         diffusers_logging.set_verbosity(level)
 
 
-def load_vae_model(vae):
-    """diffusers' AutoencoderKL from a folder or hub id (data.vae's loader: one-line errors, an
-    offline Hub id fails fast), for a pipeline folder's vae/."""
-    if not vae:
-        raise ConfigError("a DiTPipeline needs the VAE the model was trained with; pass --vae DIR_OR_ID")
+def load_vae_model(bundle: Bundle):
+    """The AutoencoderKL of `bundle`'s latents, for a pipeline folder's vae/ (data.vae's loader: one-line
+    errors, an offline Hub id fails fast); refused when its latents are not what the model takes."""
+    channels = int(bundle.model.get("in_channels", 4))
+    if not bundle.vae:
+        raise ConfigError(f"{bundle.source} records no VAE, and a DiTPipeline decodes latents with the one the model "
+                          f"was trained with: pass --vae DIR_OR_ID (a model trained on pixels, like the digits demo, "
+                          f"has no DiTPipeline form; sample it with dit sample)")
     from dit_trainer.data.vae import load_vae
 
     with quiet_diffusers():
-        return load_vae(vae)
+        vae = load_vae(bundle.vae)
+    latent = int(vae.config.latent_channels)
+    if latent != channels:
+        raise ConfigError(f"--vae {bundle.vae} makes {latent}-channel latents but the model takes {channels} channels; "
+                          f"pass the VAE it was trained with (a pixel model has no DiTPipeline form)")
+    return vae
 
 
 def write(bundle: Bundle, out) -> Path:
@@ -86,7 +94,7 @@ def write(bundle: Bundle, out) -> Path:
     out = Path(out)
     tcfg = transformer_config(bundle.model, "DiTTransformer2DModel")
     check_pos_embed(bundle)
-    vae = load_vae_model(bundle.vae)
+    vae = load_vae_model(bundle)
     if bundle.scaling_factor is not None:
         vae.register_to_config(scaling_factor=float(bundle.scaling_factor))  # what the pipeline divides by
     write_json(out / "model_index.json", model_index(bundle, "diffusers", "DiTTransformer2DModel",

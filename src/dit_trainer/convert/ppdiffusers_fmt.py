@@ -27,7 +27,7 @@ def write(bundle: Bundle, out) -> Path:
     out = Path(out)
     tcfg = transformer_config(bundle.model, "Transformer2DModel")
     check_pos_embed(bundle)
-    vae = load_vae_model(bundle.vae)
+    vae = load_vae_model(bundle)
     vae_cfg = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
     if bundle.scaling_factor is not None:
         vae_cfg["scaling_factor"] = float(bundle.scaling_factor)
