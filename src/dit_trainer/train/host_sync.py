@@ -183,6 +183,23 @@ class DeferredChecks:
                 raise _divergence(trainer, _nonfinite(bad_loss > 0, bad_norm > 0), step)
             trainer.skipped_steps += 1
 
+    def window(self, trainer) -> dict:
+        """The loss sums (one per data-parallel rank, in rank order) and good-step count since the
+        last flush, for the trainer state; a collective, so every rank calls it."""
+        sums, dims = self.loss_sum.reshape(1), trainer.dims
+        if dims.dp_size > 1 and dims._mesh is not None:
+            gathered = [torch.empty_like(sums) for _ in range(dims.dp_size)]
+            torch.distributed.all_gather(gathered, sums, group=dims.dp_mesh.get_group())
+            sums = torch.cat(gathered)
+        values = torch.cat([sums, self.ok_steps.reshape(1)]).tolist()
+        return {"loss_sums": values[:-1], "steps": int(values[-1])}
+
+    def restore(self, sums: list, steps: int, dims) -> None:
+        """Continue a window saved by `window`; under another data-parallel size each rank takes the
+        mean sum, which flush's mean over ranks gives back up to float rounding."""
+        self.loss_sum.fill_(sums[dims.dp_rank] if len(sums) == dims.dp_size else sum(sums) / len(sums))
+        self.ok_steps.fill_(steps)
+
     def flush(self, trainer) -> dict:
         """Read everything (one wait): the mean loss of the good steps since the last flush, the last norm."""
         self.read_pending(trainer)

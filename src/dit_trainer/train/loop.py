@@ -38,7 +38,8 @@ def run(trainer) -> dict:
         logger.truncate_after(trainer.step)
     bar = tqdm(total=cfg.train.max_steps, initial=trainer.step, disable=not (main and cfg.logging.progress),
                desc="train", dynamic_ncols=True)
-    last, running, n_running = {}, 0.0, 0
+    last = {}
+    running, n_running = _restore_window(trainer)
     t0, step0 = time.perf_counter(), trainer.step
     if trainer.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trainer.device)
@@ -89,6 +90,9 @@ def run(trainer) -> dict:
             if deferred is not None:
                 # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
                 deferred.read_pending(trainer)
+            # A resume from here then logs the next line over the same steps as an uninterrupted run.
+            trainer.log_window = (deferred.window(trainer) if deferred is not None
+                                  else {"loss_sums": [running], "steps": n_running})
             trainer.save_checkpoint()
         if trainer.stop_requested:
             if main:
@@ -102,6 +106,20 @@ def run(trainer) -> dict:
         print(f"warning: {trainer.skipped_steps} of {trainer.step} steps were skipped for a non-finite loss or "
               "grad norm (train.skip_nonfinite_steps); lower optim.lr or set optim.max_grad_norm", file=sys.stderr)
     return last
+
+
+def _restore_window(trainer) -> tuple:
+    """(loss sum, steps) of the steps since the last metrics line, as the checkpoint resumed from
+    saved them; (0.0, 0) for a fresh run or an older checkpoint. Under train.host_sync log the
+    device-side sums take them and the host's stay empty."""
+    window, trainer.log_window = trainer.log_window, None
+    if not window:
+        return 0.0, 0
+    sums, steps = list(window["loss_sums"]), int(window["steps"])
+    if trainer.deferred is not None:
+        trainer.deferred.restore(sums, steps, trainer.dims)
+        return 0.0, 0
+    return sum(sums) / len(sums), steps
 
 
 def check_grid_vae(cfg) -> None:

@@ -17,7 +17,7 @@ from torch._functorch import config as functorch_config
 
 from dit_trainer.config import as_config, validate
 from dit_trainer.devices import enable_tf32, resolve_device
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, DataError
 from dit_trainer.host_memory import keep_freed_memory_on
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
@@ -108,6 +108,7 @@ class DiTTrainer:
         self.skipped_steps = 0  # updates skipped for a non-finite loss (train.skip_nonfinite_steps)
         self._signals = None  # StopSignals while train() runs
         self.stop_requested = False  # every rank agreed to stop after this step
+        self.log_window = None  # loss sums and steps since the last metrics line, saved for a resume (loop.py)
         self.max_steps_flag = "train.max_steps"  # how messages name it; `dit demo` says --steps
         self._dataset = dataset
         self._loader = None
@@ -292,6 +293,7 @@ class DiTTrainer:
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "data": self._loader.state_dict() if self._loader is not None else None,
             "skipped_steps": self.skipped_steps,
+            "log_window": self.log_window,
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -304,6 +306,7 @@ class DiTTrainer:
         """Restore what `trainer_state` saved."""
         self.step = int(state["step"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.log_window = state.get("log_window")  # absent in older checkpoints: the window restarts empty
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -342,8 +345,6 @@ class DiTTrainer:
         self._dataset = dataset
         shape = getattr(dataset, "latent_shape", None)
         if shape is not None and tuple(shape) != tuple(self.sample_shape):
-            from dit_trainer.errors import DataError
-
             raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
                             f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
                             "(input_size is the image size / 8) or re-extract the data")
