@@ -56,9 +56,19 @@ def apply_tp_plan(units, tp_mesh, plan: dict) -> None:
 
 
 def check_tp_divides(tp: int, counts, of: str = "") -> None:
-    """A one-line ConfigError naming only the (count, what) pairs `tp` does not divide (the MLP width
-    usually divides when the heads do not), and the largest degree that divides them all."""
-    parts = [f"{n} {what}" for n, what in counts if n % tp]
-    if parts:
-        raise ConfigError(f"parallel.tp={tp} does not divide the {' and the '.join(parts)}{of}; "
-                          f"pick a divisor of {math.gcd(*(n for n, _ in counts))}")
+    """A one-line ConfigError naming only the (count, what, config keys) triples `tp` does not divide
+    (the MLP width usually divides when the heads do not), the keys to change, and the largest degree
+    that divides them all; where that is 1, the sizes themselves must change for any tensor parallelism."""
+    bad = [(n, what, keys) for n, what, keys in counts if n % tp]
+    if not bad:
+        return
+    parts = " and the ".join(f"{n} {what}" for n, what, _ in bad)
+    keys = ", and ".join(keys for _, _, keys in bad)
+    largest = math.gcd(*(n for n, _, _ in counts))
+    if largest > 1:
+        raise ConfigError(f"parallel.tp={tp} does not divide the {parts}{of}; change {keys} so that it does, "
+                          f"or pick a parallel.tp that divides {largest}")
+    shape = "width or head count" if any("heads" in what for _, what, _ in bad) else "width"
+    raise ConfigError(f"parallel.tp={tp} does not divide the {parts}{of}, and no degree above 1 divides all the model's "
+                      f"head counts and widths: tensor parallelism needs a different {shape}; change {keys} so "
+                      f"that {tp} divides it, or set parallel.tp 1")

@@ -47,4 +47,15 @@ def test_tp_error_names_only_what_does_not_divide():
     with pytest.raises(ConfigError) as err:
         apply_tp(model, types.SimpleNamespace(size=lambda: 2))  # the degree is checked before the mesh is used
     text = str(err.value)
-    assert "3 attention heads (model.num_heads)" in text and "MLP" not in text and "divisor of 3" in text
+    assert "3 attention heads; change model.num_heads" in text and "MLP" not in text and "divides 3" in text
+
+
+def test_tp_error_names_the_mlp_keys_and_says_no_degree_fits():
+    # 2 heads, MLP int(68 x 1.25) = 85 wide: gcd 1, so no parallel.tp > 1 fits this width.
+    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=68, depth=1, num_heads=2, num_classes=10,
+                mlp_ratio=1.25)
+    with pytest.raises(ConfigError) as err:
+        apply_tp(model, types.SimpleNamespace(size=lambda: 2))
+    text = str(err.value)
+    assert "85 MLP channels" in text and "model.mlp_ratio or model.hidden_size" in text
+    assert "needs a different width" in text and "divisor of 1" not in text and "heads" not in text

@@ -134,4 +134,5 @@ def test_tp_error_names_only_what_does_not_divide():
     with pytest.raises(ConfigError) as err:
         apply_tp(model, types.SimpleNamespace(size=lambda: 2))
     text = str(err.value)
-    assert "1 kv heads (model.n_kv_heads)" in text and "query" not in text and "SwiGLU" not in text
+    assert "1 kv heads of Large-DiT" in text and "change model.n_kv_heads" in text
+    assert "query" not in text and "SwiGLU" not in text and "set parallel.tp 1" in text

@@ -34,8 +34,9 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     blocks = units(model)
     for block in blocks:
         heads = block.attn.qkv.out_features // 3 // block.attn.head_dim
-        check_tp_divides(tp, ((heads, "attention heads (model.num_heads)"),
-                              (block.mlp.fc1.out_features, "MLP channels")))
+        check_tp_divides(tp, ((heads, "attention heads", "model.num_heads"),
+                              (block.mlp.fc1.out_features, "MLP channels (model.hidden_size x model.mlp_ratio)",
+                               "model.mlp_ratio or model.hidden_size")))
         # The fused [q | k | v] rows are regrouped so each rank's shard holds whole q, k and v heads.
         regroup_fused_rows(block.attn.qkv, 3, tp)
     apply_tp_plan(blocks, tp_mesh, TP_PLAN)

@@ -68,8 +68,10 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     for layer in layers:
         attn = layer.attention
         hidden = layer.feed_forward.w1.out_features
-        counts = ((attn.n_heads, "query heads (model.n_heads)"), (attn.n_kv_heads, "kv heads (model.n_kv_heads)"),
-                  (hidden, "SwiGLU channels"))
+        counts = ((attn.n_heads, "query heads", "model.n_heads"), (attn.n_kv_heads, "kv heads", "model.n_kv_heads"),
+                  (hidden, "SwiGLU channels (model.dim x 8/3 x model.ffn_dim_multiplier, rounded up to a multiple "
+                   "of model.multiple_of)", "model.multiple_of (a multiple of parallel.tp), model.ffn_dim_multiplier "
+                   "or model.dim"))
         check_tp_divides(tp, counts, of=" of Large-DiT")
     apply_tp_plan(layers, tp_mesh, tp_plan(not isinstance(layers[0].attention.q_norm, nn.Identity)) if layers else {})
 
