@@ -143,3 +143,12 @@ def test_broken_config_file_says_file_and_line(tmp_path):
     message = str(err.value)
     assert str(bad) in message and "line 3, column 1" in message and "from line 2, column 9" in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("name, heads, hint", [("DiT-S/2", 2, "use 64 or 68"), ("SiT-S/2", 6, "use 60 or 72")])
+def test_hidden_size_not_a_multiple_of_4_is_one_line(name, heads, hint):
+    # The 2-D sin-cos position table needs it; before, model building failed with a shape mismatch.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["--model.name", name, "--model.hidden_size", "66", "--model.num_heads", str(heads)])
+    text = str(err.value)
+    assert "model.hidden_size 66" in text and "multiple of 4" in text and hint in text and "\n" not in text

@@ -1,5 +1,6 @@
 """The DiT family's own model options (nanoGPT's `GPTConfig` is the model for this)."""
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -14,7 +15,7 @@ class DiTConfig:
     """Size overrides of a named DiT; None keeps the paper's value for that name (e.g. DiT-S/2)."""
 
     depth: Optional[int] = None  # transformer blocks (default: the named size's)
-    hidden_size: Optional[int] = None  # token width (default: the named size's)
+    hidden_size: Optional[int] = None  # token width, a multiple of 4 (default: the named size's)
     num_heads: Optional[int] = None  # attention heads, must divide hidden_size (default: the named size's)
     mlp_ratio: Optional[float] = None  # MLP width / hidden_size (default: 4)
     # The timestep convention the weights were trained under: None keeps the release's (0, 1e-6);
@@ -38,6 +39,12 @@ class DiTConfig:
         patch = int(match.group(2))
         hidden = self.hidden_size or hidden
         heads = self.num_heads or heads
+        if hidden % 4:
+            # The fixed 2-D sin-cos position table gives each grid axis half the width, as sin and cos.
+            step = math.lcm(4, heads)
+            sizes = [s for s in (hidden - hidden % step, hidden - hidden % step + step) if s > 0]
+            raise ConfigError(f"model.hidden_size {hidden} of {name} is not a multiple of 4, which the 2-D sin-cos "
+                              f"position embedding needs; use {' or '.join(map(str, sizes))}")
         if hidden % heads:
             near = sorted(sorted((d for d in range(1, hidden + 1) if hidden % d == 0), key=lambda d: abs(d - heads))[:3])
             raise ConfigError(
