@@ -261,7 +261,8 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
     """A model state dict from our checkpoint dir, a safetensors file, or an original DiT `.pt`.
 
     A run folder gives its newest checkpoint. From a checkpoint directory the EMA weights are taken (what sampling uses) unless
-    `prefer_ema` is False. A DiT training checkpoint (`{"model", "ema", "opt", "args"}`) gives its EMA.
+    `prefer_ema` is False; then a folder without `model.safetensors` (a sharded or converted one) is an error, never
+    its EMA. A DiT training checkpoint (`{"model", "ema", "opt", "args"}`) gives its EMA.
     """
     p = Path(path)
     if not p.exists():
@@ -274,6 +275,16 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
             if p is None:
                 raise CheckpointError(f"{path} holds no model.safetensors, ema.safetensors or checkpoints/step-*; "
                                       "pass a dit-trainer run folder or one of its checkpoints/step-* folders")
+        if not prefer_ema and not (p / "model.safetensors").is_file():
+            # Taking ema.safetensors instead would hand back other weights than asked for, without a word.
+            if (p / "dcp").is_dir():
+                raise CheckpointError(f"{p} is a sharded checkpoint: its training weights are in dcp/, not in a "
+                                      "model.safetensors; read them into a built model with checkpoint.sharded."
+                                      "load_sharded_model (as dit sample --weights model does), or take its EMA")
+            if (p / "ema.safetensors").is_file():
+                raise CheckpointError(f"{p} holds only ema.safetensors (a converted or exported folder keeps the EMA "
+                                      "alone), no training weights; take the EMA (--weights ema) or pass the run's "
+                                      "own checkpoint")
         for name in names:
             if (p / name).is_file():
                 # Flipped bytes in a checkpoint would otherwise sample black images and exit 0.
@@ -284,7 +295,9 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
         return _finite(load_safetensors(p), p)
     obj = load_pt(p)
     if isinstance(obj, dict) and "ema" in obj and isinstance(obj["ema"], dict):
-        obj = obj["ema"] if prefer_ema or "model" not in obj else obj["model"]
+        if not prefer_ema and not isinstance(obj.get("model"), dict):
+            raise CheckpointError(f"{path} holds EMA weights only (no 'model' entry); take the EMA (--weights ema)")
+        obj = obj["ema"] if prefer_ema else obj["model"]
     elif isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

@@ -7,7 +7,9 @@ the rows of fused projections per rank (`parallel.tp.regroup_fused_rows`); check
 the released layout, so they never depend on the tp degree they were written with.
 """
 
+import contextlib
 import io
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -104,6 +106,17 @@ def _state_dicts(model_parts, optimizers):
     return model_sd, optim_sd
 
 
+@contextlib.contextmanager
+def _single_process_quiet():
+    """Silence DCP's "assuming the intent is to save/load in a single process" when no process group exists."""
+    with warnings.catch_warnings():
+        if not (dist.is_available() and dist.is_initialized()):
+            # One process is what we mean then (a 1-process run or resume); torch warns at every checkpoint.
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized, "
+                                    r"assuming the intent is to (save|load) in a single process", category=UserWarning)
+        yield
+
+
 def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=None, async_save=False, process_group=None):
     """Write model, optimizer, EMA and trainer state shards under `path` (a directory); all ranks call it.
 
@@ -125,9 +138,10 @@ def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=Non
         torch.save(trainer_state, buf)
         buf.seek(0)
         state["trainer"] = buf
-    if async_save:
-        return dcp.async_save(state, checkpoint_id=str(path), process_group=process_group)
-    dcp.save(state, checkpoint_id=str(path), process_group=process_group)
+    with _single_process_quiet():
+        if async_save:
+            return dcp.async_save(state, checkpoint_id=str(path), process_group=process_group)
+        dcp.save(state, checkpoint_id=str(path), process_group=process_group)
     return None
 
 
@@ -157,7 +171,8 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
 
     try:
         # Never torch's own reader: it unpickles `.metadata` and byte items without restriction.
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
@@ -192,6 +207,28 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         except Exception as err:
             raise CheckpointError(f"{path}: trainer state refused: it {weights_only_refusal(err)}") from None
     return trainer if load_trainer_state else None
+
+
+def load_sharded_model(folder, model) -> None:
+    """Load the training weights (the DCP `model` entry) of sharded checkpoint `folder` into a plain model.
+
+    Checked as `load_weights` checks `model.safetensors`: the shards against the manifest, then finiteness.
+    """
+    from pathlib import Path
+
+    from dit_trainer.checkpoint.files import verify_file
+
+    folder = Path(folder)
+    if not (folder / "dcp" / ".metadata").is_file():
+        raise CheckpointError(f"{folder} is no sharded checkpoint (no dcp/.metadata); pass a checkpoints/step-* folder "
+                              "of a run with checkpoint.sharded")
+    for path in sorted((folder / "dcp").iterdir()):
+        if path.is_file():
+            verify_file(folder, f"dcp/{path.name}")
+    load_sharded(folder / "dcp", model, load_trainer_state=False)
+    for key, value in model.state_dict().items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{folder / 'dcp'}: model.{key} holds NaN or inf; use another checkpoint")
 
 
 def _first_cause(err: BaseException) -> str:

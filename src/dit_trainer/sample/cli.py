@@ -107,19 +107,50 @@ def check_cfg_channels(args, model) -> None:
                           f"pass 1..{model.in_channels} or leave it out (all channels)")
 
 
+def resolve_ckpt(ckpt) -> str:
+    """The checkpoint `--ckpt` names, absolute: a run folder gives its newest checkpoints/step-* folder."""
+    from pathlib import Path
+
+    from dit_trainer.checkpoint import latest_checkpoint
+
+    path = Path(ckpt)
+    if path.is_dir() and not any((path / name).is_file() for name in ("ema.safetensors", "model.safetensors")):
+        path = latest_checkpoint(path)
+    # Left as given when nothing is there: load_model says what to pass.
+    return str(path.resolve()) if path is not None and path.exists() else str(ckpt)
+
+
+def load_sampling_model(args, ckpt):
+    """(model, cfg) of checkpoint `ckpt` with `--weights`; a sharded checkpoint's training weights come from dcp/."""
+    from pathlib import Path
+
+    from dit_trainer.sample.loading import load_model
+
+    path = Path(ckpt)
+    sharded = (args.weights == "model" and path.is_dir() and (path / "dcp").is_dir()
+               and not (path / "model.safetensors").is_file())
+    # load_model builds the model from config.yaml with the EMA; the DCP's model entry then replaces it.
+    model, cfg = load_model(ckpt, args.model, args.image_size, args.num_classes,
+                            prefer_ema=args.weights == "ema" or sharded)
+    if sharded:
+        from dit_trainer.checkpoint.sharded import load_sharded_model
+
+        load_sharded_model(path, model)
+    return model, cfg
+
+
 def run(args) -> int:
     """Load the checkpoint, sample, and write the grid and/or the .npz."""
     from dit_trainer.class_names import dataset_class_names, resolve_labels
     from dit_trainer.devices import resolve_device
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid
-    from dit_trainer.sample.loading import load_model
     from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, as_objective, default_classes, sample_latents, sample_npz
 
     check_args(args)
     device = resolve_device(args.device, "--device")
     keep_freed_memory_on(device, args.keep_freed_memory == "true")
-    model, cfg = load_model(args.ckpt, args.model, args.image_size, args.num_classes, prefer_ema=args.weights == "ema")
+    model, cfg = load_sampling_model(args, resolve_ckpt(args.ckpt))
     check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
