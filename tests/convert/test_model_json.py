@@ -62,3 +62,30 @@ def test_bad_json_for_convert_is_one_line(pt_and_json, tmp_path):
     with pytest.raises(ConfigError) as err:
         read("dit-pt", pt, model=str(odd))
     assert "odd.json" in str(err.value) and "PaddleMIX" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_paddlemix_large_dit_json_is_a_large_dit(tmp_path):
+    # PaddleMIX's config/LargeDiT_*.json share the DiT files' keys; PaddleMIX picks DiT-LLaMA by file name.
+    from dit_trainer.config import load_config
+    from dit_trainer.models import get_spec
+
+    three_b = tmp_path / "LargeDiT_3B_patch2.json"
+    three_b.write_text(json.dumps({"sample_size": 32, "patch_size": 2, "in_channels": 4, "num_layers": 32,
+                                   "num_attention_heads": 32, "attention_head_dim": 96, "qk_norm": False}))
+    cfg = load_config(three_b)
+    assert cfg.model.name == "LargeDiT-3B/2" and cfg.model.options["qk_norm"] is False
+    tiny = tmp_path / "LargeDiT_tiny_patch2.json"  # no qk_norm key: ppdiffusers' default turns it on
+    tiny.write_text(json.dumps({"sample_size": 8, "patch_size": 2, "in_channels": 4, "num_layers": 2,
+                                "num_attention_heads": 4, "attention_head_dim": 16, "num_classes": 10}))
+    cfg = load_config(tiny)
+    assert cfg.model.name == "LargeDiT-600M/2" and cfg.model.options == {
+        "qk_norm": True, "patch_size": 2, "dim": 64, "n_layers": 2, "n_heads": 4}
+    model = get_spec(cfg.model.name).build_model_fn(cfg)
+    assert len(model.layers) == 2 and model.layers[0].attention.q_norm is not None
+    out = model(torch.randn(2, 4, 8, 8), torch.tensor([1, 500]), torch.tensor([0, 9]))
+    assert out.shape == (2, 8, 8, 8)
+    # A DiT file keeps mapping to a DiT.
+    dit = tmp_path / "DiT_XL_patch2.json"
+    dit.write_text(json.dumps({"sample_size": 32, "patch_size": 2, "in_channels": 4, "num_layers": 28,
+                               "num_attention_heads": 16, "attention_head_dim": 72}))
+    assert load_config(dit).model.name == "DiT-XL/2"
