@@ -1,5 +1,7 @@
 """Large-DiT (DiT_Llama): options, pipeline split, sizes on `meta`, CFG and the registry."""
 
+import types
+
 import pytest
 import torch
 
@@ -221,3 +223,14 @@ def test_registry_names_and_overrides():
     assert family_options("dit_llama_600m_patch2", {"n_kv_heads": "8", "qk_norm": "true"}) == {"n_kv_heads": 8, "qk_norm": True}
     with pytest.raises(ConfigError, match="n_kv_heads"):
         get_spec("LargeDiT-600M/2").build_model_fn({"dim": 64, "n_heads": 4, "n_kv_heads": 3})
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"dim": 66, "n_heads": 2}, "33 must be even"), ({"n_heads": 0}, "model.n_heads is 0"),
+    ({"multiple_of": 0}, "model.multiple_of is 0"), ({"patch_size": 3}, "model.input_size 8 is not divisible"),
+])
+def test_bad_sizes_are_one_line_at_config_validation(options, needle):
+    # Before, zeros and a patch not dividing the input were tracebacks from building the model.
+    with pytest.raises(ConfigError, match=needle) as err:
+        family_options("LargeDiT-600M/2", options, model=types.SimpleNamespace(input_size=8))
+    assert "\n" not in str(err.value)

@@ -21,6 +21,25 @@ class LargeDiTConfig:
     qk_norm: bool = False  # normalise queries and keys; the release's bf16 recipe (its 7B checkpoint) turns this on
     patch_size: int = 2  # side of the latent patch one token covers; input_size must be a multiple of it
 
+    def check(self, name: str, model) -> None:
+        """One-line ConfigErrors for sizes the model `name` cannot be built with (input size from `model`),
+        at config validation rather than as a traceback from building it."""
+        for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "multiple_of", "ffn_dim_multiplier", "patch_size"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"model.{key} is {value!r}; it must be a positive number")
+        # Imported here: the package imports this module before it defines SIZES.
+        from dit_trainer.models.large_dit import SIZES
+
+        size = str(name).removeprefix("LargeDiT-").split("/")[0]
+        if size in SIZES:
+            dim, _, n_heads = SIZES[size]
+            check_sizes(self.dim or dim, self.n_heads or n_heads, self.n_kv_heads)
+        input_size = getattr(model, "input_size", None)
+        if input_size is not None and input_size % self.patch_size:
+            raise ConfigError(f"model.input_size {input_size} is not divisible by model.patch_size {self.patch_size} "
+                              f"of {name}; use an input size that is a multiple of it (image size / 8 for VAE latents)")
+
 
 def check_sizes(dim: int, n_heads: int, n_kv_heads: Optional[int]) -> None:
     """One-line ConfigErrors for head counts the attention cannot split."""
