@@ -112,6 +112,26 @@ def test_dit_eval_errors_are_one_line(tmp_path, capsys):
     assert main(["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"),
                  "--ref", str(tmp_path / "r.npz"), "--device", "cpu"]) == 2
     assert "holds inception features" in capsys.readouterr().err
+    # --ref digits without --network digits: said first, not the Inception weight file it would then need.
+    assert main(["eval", "--samples", str(tmp_path / "s.npz"), "--ref", "digits", "--device", "cpu"]) == 2
+    assert "add --network digits" in capsys.readouterr().err
+
+
+def test_singular_covariance_fid_prints_no_scipy_warning():
+    import warnings
+
+    from dit_trainer.evaluate.fid import frechet_distance
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((10, 64)), rng.standard_normal((10, 64))  # 10 samples, 64-d: singular
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's LinAlgWarning would fail here
+        try:
+            value = frechet_distance(a.mean(0), np.cov(a, rowvar=False), b.mean(0), np.cov(b, rowvar=False))
+        except RuntimeWarning as warning:  # our own one-line note, when the product is not finite
+            assert "singular covariance product" in str(warning)
+        else:
+            assert np.isfinite(value)
 
 
 def test_bf16_digits_features_stay_close():

@@ -78,6 +78,9 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
              progress=True, splits=10, k=3) -> dict:
     """All five metrics of a samples .npz against a reference; returns a dict of plain values."""
     device = device or default_device()
+    if str(ref) == DIGITS_REF and (network if isinstance(network, str) else network.name) != "digits":
+        # Before loading the network: the Inception one would first ask for its weight file.
+        raise ConfigError("--ref digits is measured with the digit network; add --network digits")
     net = load_network(network, weights, device) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     count = len(NpzImages(samples))  # reads the header only: a bad file fails before any measuring
