@@ -19,7 +19,7 @@ class TransportConfig:
     train_eps: Optional[float] = None  # in [0, 0.5): t keeps this far from the path's singular ends (None: the release's default; VP and score/noise only)
     sample_eps: Optional[float] = None  # in [0, 0.5): samplers stop this far from the ends (None: the release's default; VP and score/noise only)
     t_sampler: str = "uniform"  # uniform | logit-normal
-    logit_mean: float = 0.0  # mean of the logit-normal t sampler
+    logit_mean: float = 0.0  # mean of the logit-normal t sampler; > 0 favours t near 1, the data end here (SD3's t = 1 is noise)
     logit_std: float = 1.0  # std of the logit-normal t sampler
     # Sampling defaults.
     sampler: str = "ode"  # ode | sde
