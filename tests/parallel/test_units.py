@@ -71,8 +71,11 @@ def test_target_round_trip():
 def test_stage_ranges():
     assert stage_ranges(28, 4) == [(0, 7), (7, 14), (14, 21), (21, 28)]
     assert stage_ranges(5, 2) == [(0, 3), (3, 5)]
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="at most 2"):
         stage_ranges(2, 4)
+    # interleaved1f1b at parallel.pp 2 on 3 blocks: the 4 comes from the schedule's 2 stages per rank.
+    with pytest.raises(ConfigError, match=r"parallel.pp 2 x 2 stages per rank of the interleaved1f1b schedule asks for 4"):
+        stage_ranges(3, 4, per_rank=2)
 
 
 def _tiny(**kw):

@@ -21,10 +21,18 @@ from dit_trainer.errors import ConfigError
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 
 
-def stage_ranges(depth: int, num_stages: int) -> list[tuple[int, int]]:
-    """Contiguous unit ranges, as even as possible; earlier stages take the remainder."""
+def stage_ranges(depth: int, num_stages: int, per_rank: int = 1) -> list[tuple[int, int]]:
+    """Contiguous unit ranges, as even as possible; earlier stages take the remainder.
+    `per_rank`: stages each pp rank holds (2 for interleaved1f1b), named in the error."""
     if num_stages > depth:
-        raise ConfigError(f"parallel.pp asks for {num_stages} pipeline stages but the model has only {depth} blocks")
+        if per_rank > 1:
+            # parallel.pp alone is not what exceeds the depth; the schedule doubles it.
+            raise ConfigError(
+                f"parallel.pp {num_stages // per_rank} x {per_rank} stages per rank of the interleaved1f1b schedule "
+                f"asks for {num_stages} pipeline stages but the model has only {depth} blocks; lower parallel.pp, "
+                f"or set parallel.pp_schedule 1f1b")
+        raise ConfigError(f"parallel.pp asks for {num_stages} pipeline stages but the model has only {depth} blocks; "
+                          f"set parallel.pp to at most {depth}")
     base, extra = divmod(depth, num_stages)
     ranges, start = [], 0
     for s in range(num_stages):
@@ -99,7 +107,7 @@ def build_pipeline(model: nn.Module, dims, cfg, depth: int, split_fn, loss_fn, d
     pp, pp_rank = dims.pp, dims.pp_rank
     per_rank = 2 if name == "interleaved1f1b" else 1
     num_stages = pp * per_rank
-    ranges = stage_ranges(depth, num_stages)
+    ranges = stage_ranges(depth, num_stages, per_rank)
     # Loop-style assignment: rank r holds stages r, r + pp, ...; stage 0 and the last sit on
     # pp ranks 0 and pp - 1.
     stage_ids = [pp_rank + k * pp for k in range(per_rank)]
