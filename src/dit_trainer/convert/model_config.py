@@ -92,10 +92,10 @@ def infer_from_state_dict(sd: dict, source="weights", num_heads=None) -> dict:
     depth, hidden = shape["depth"], shape["hidden_size"]
     heads = num_heads or next((h for d, w, h in SIZES.values() if (d, w) == (depth, hidden)), None)
     if heads is None:
-        widths = ", ".join(f"{h} for {hidden // h}-wide heads" for h in (hidden // 64, hidden // 72) if h and hidden % h == 0)
+        example = f", e.g. {hidden // 64} for 64-wide heads" if hidden % 64 == 0 else ""
         raise CheckpointError(f"{source}: a DiT of depth {depth} and hidden size {hidden} is no release size and its "
-                              f"head count is not in the tensors; pass --num-heads (the model's own: "
-                              f"{widths or 'a divisor of ' + str(hidden)}), or --model with its model JSON")
+                              f"head count is not in the tensors; pass the model's own as --num-heads{example}, "
+                              f"or --model with its model JSON")
     if hidden % int(heads):
         raise CheckpointError(f"{source}: --num-heads {heads} does not divide the hidden size {hidden}")
     return model_config(depth, hidden, int(heads), shape["patch_size"], shape["input_size"], shape["in_channels"],
