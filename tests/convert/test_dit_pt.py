@@ -66,7 +66,7 @@ def test_no_release_size_needs_its_head_count(tmp_path):
     with pytest.raises(CheckpointError) as err:
         read("dit-pt", tmp_path / "tiny.pt")
     msg = str(err.value)
-    assert "depth 2 and hidden size 64 is no release size" in msg and "pass --num-heads" in msg and "\n" not in msg
+    assert "depth 2 and hidden size 64 is no release size" in msg and "as --num-heads" in msg and "\n" not in msg
     bundle = read("dit-pt", tmp_path / "tiny.pt", num_heads=2)
     assert bundle.model["num_heads"] == 2
     converted = build_dit(bundle.model)
