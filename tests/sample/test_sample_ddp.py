@@ -1,5 +1,6 @@
 """`dit sample-ddp`: the same FID batch on 1 and 2 processes, resumable chunk by chunk."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import save_file
 
 from dit_trainer.checkpoint import save_checkpoint
 from dit_trainer.cli import main
@@ -17,19 +19,22 @@ from dit_trainer.models import get_spec
 from dit_trainer.sample.ddp import chunk_labels
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
+def _files(seed=0):
     cfg = config_from_dict({"model": {"name": "SiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 4,
                                       "depth": 1, "hidden_size": 32, "num_heads": 2, "learn_sigma": False},
                             "objective": "transport", "data": {"path": "digits"}})
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = get_spec(cfg.model.name).build_model_fn(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    files = {"ema.safetensors": model.state_dict(), "model.safetensors": model.state_dict(),
-             "config.yaml": yaml.safe_dump(cfg.to_dict(), sort_keys=False)}
-    return save_checkpoint(tmp_path_factory.mktemp("ddp") / "run", 1, files)
+    return {"ema.safetensors": model.state_dict(), "model.safetensors": model.state_dict(),
+            "config.yaml": yaml.safe_dump(cfg.to_dict(), sort_keys=False)}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("ddp") / "run", 1, _files())
 
 
 ARGS = ["--num-samples", "10", "--batch-size", "3", "--sampler", "ode", "--ode-method", "euler", "--steps", "4",
@@ -88,3 +93,102 @@ def test_two_processes_write_what_one_does(ckpt, tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     a, b = np.load(one), np.load(two)
     assert np.array_equal(a["arr_0"], b["arr_0"]) and np.array_equal(a["arr_1"], b["arr_1"])
+
+
+def _interrupt(monkeypatch, argv, after=1):
+    """Run sample-ddp with `argv` and stop it (Ctrl-C) after `after` chunks, as a killed FID run would be."""
+    import dit_trainer.sample.ddp as ddp
+
+    save, saved = ddp._save_chunk, []
+
+    def stop(path, images, labels):
+        if len(saved) == after:
+            raise KeyboardInterrupt
+        saved.append(path.name)
+        save(path, images, labels)
+
+    monkeypatch.setattr(ddp, "_save_chunk", stop)
+    assert main(["sample-ddp", *argv]) == 130
+    monkeypatch.setattr(ddp, "_save_chunk", save)
+
+
+def test_resume_checks_the_checkpoint_a_run_folder_resolved_to(tmp_path, monkeypatch, capsys):
+    # Sampling a live run: the run saves a newer checkpoint between the interrupted run and its rerun.
+    monkeypatch.chdir(tmp_path)
+    first = save_checkpoint(tmp_path / "run", 1, _files())
+    _interrupt(monkeypatch, ["--ckpt", "./run", "--npz", "s.npz", *ARGS])
+    assert json.loads((tmp_path / "s.npz.parts" / "settings.json").read_text())["ckpt"] == str(first.resolve())
+    capsys.readouterr()
+    assert main(["sample-ddp", "--ckpt", "run", "--npz", "s.npz", *ARGS, "--weights", "model"]) == 2
+    assert "weights 'ema' then, 'model' now" in capsys.readouterr().err
+    newer = save_checkpoint(tmp_path / "run", 2, _files(seed=1))
+    assert main(["sample-ddp", "--ckpt", "run", "--npz", "s.npz", *ARGS]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"sampled from {first.resolve()}, but --ckpt run is now {newer.resolve()}" in err and "\n" not in err
+    # The same checkpoint spelt otherwise (relative step folder, absolute) finishes the run, as one run would.
+    assert main(["sample-ddp", "--ckpt", "run/checkpoints/step-00000001", "--npz", "s.npz", *ARGS]) == 0
+    assert main(["sample-ddp", "--ckpt", str(first.resolve()), "--npz", "ref.npz", *ARGS]) == 0
+    assert np.array_equal(np.load("s.npz")["arr_0"], np.load("ref.npz")["arr_0"])
+    assert json.loads(str(np.load("s.npz")["settings"]))["ckpt"] == str(first.resolve())
+
+
+def test_weights_model_of_a_sharded_checkpoint_samples_the_training_weights(tmp_path):
+    from dit_trainer.checkpoint import begin_checkpoint, commit_checkpoint
+    from dit_trainer.checkpoint.files import write_manifest
+    from dit_trainer.checkpoint.sharded import save_sharded
+
+    trained, averaged = _files(seed=1), _files(seed=2)
+    full = save_checkpoint(tmp_path / "full", 1, {**averaged, "model.safetensors": trained["model.safetensors"]})
+    # What a sharded run writes: dcp/ (model, EMA), ema.safetensors and config.yaml, no model.safetensors.
+    model = get_spec("SiT-S/4").build_model_fn(config_from_dict(yaml.safe_load(trained["config.yaml"])))
+    model.load_state_dict(trained["model.safetensors"])
+    tmp = begin_checkpoint(tmp_path / "sharded", 1)
+    save_sharded(tmp / "dcp", model, ema=argparse.Namespace(state_dict=lambda: averaged["ema.safetensors"]))
+    save_file(averaged["ema.safetensors"], str(tmp / "ema.safetensors"))
+    (tmp / "config.yaml").write_text(trained["config.yaml"])
+    write_manifest(tmp)
+    commit_checkpoint(tmp)
+    out = {}
+    for name, ckpt, weights in [("full", full, "model"), ("sharded", tmp_path / "sharded", "model"),
+                                ("ema", tmp_path / "sharded", "ema")]:
+        assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(tmp_path / f"{name}.npz"), *ARGS,
+                     "--weights", weights]) == 0
+        out[name] = np.load(tmp_path / f"{name}.npz")["arr_0"]
+    assert np.array_equal(out["sharded"], out["full"]) and not np.array_equal(out["sharded"], out["ema"])
+
+
+def test_resume_refuses_a_checkpoint_written_again(tmp_path, monkeypatch, capsys):
+    # A run restarted into the same output_dir writes step-00000001 again, with other weights.
+    step = save_checkpoint(tmp_path / "run", 1, _files())
+    argv = ["--ckpt", str(step), "--npz", str(tmp_path / "s.npz"), *ARGS]
+    _interrupt(monkeypatch, argv)
+    save_checkpoint(tmp_path / "run", 1, _files(seed=1))
+    capsys.readouterr()
+    assert main(["sample-ddp", *argv]) == 2
+    assert "before it was rewritten (its manifest.json differs)" in capsys.readouterr().err
+
+
+def _old_record(parts, ckpt):
+    """A settings.json as dit-trainer wrote it before it recorded the resolved checkpoint and sampling flags."""
+    parts.mkdir()
+    (parts / "settings.json").write_text(json.dumps({"ckpt": str(ckpt), "model": "SiT-S/4", "sampler": "ode"}))
+
+
+def test_chunks_of_the_old_record_format_are_refused_in_one_line(ckpt, tmp_path, capsys):
+    _old_record(tmp_path / "s.npz.parts", ckpt)
+    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(tmp_path / "s.npz"), *ARGS]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "by an older dit-trainer" in err and f"delete {tmp_path / 's.npz.parts'}" in err and "\n" not in err
+
+
+@pytest.mark.distributed
+def test_refused_resume_is_one_line_on_every_rank(ckpt, tmp_path):
+    _old_record(tmp_path / "s.npz.parts", ckpt)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dit_trainer",
+           "sample-ddp", "--ckpt", str(ckpt), "--npz", str(tmp_path / "s.npz"), *ARGS]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    workers = [line for line in proc.stderr.splitlines() if "dit sample-ddp: error:" in line]
+    # Both ranks decide together; torchrun may stop rank 1 once rank 0 has exited, but no rank waits on a dead peer.
+    assert proc.returncode != 0 and 1 <= len(workers) <= 2, proc.stderr[-3000:]
+    assert all("by an older dit-trainer" in line for line in workers)
+    assert "[rank1]" not in proc.stderr and "Connection closed" not in proc.stderr, proc.stderr[-3000:]

@@ -54,14 +54,59 @@ def chunk_seed(seed: int, chunk: int) -> int:
 
 
 def _dist():
+    """(rank, world size, barrier, from_rank0): from_rank0(x) gives every rank rank 0's x."""
     import torch
     import torch.distributed as dist
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), dist.barrier
-    return 0, 1, lambda: None
+        def from_rank0(obj):
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+
+        return dist.get_rank(), dist.get_world_size(), dist.barrier, from_rank0
+    return 0, 1, lambda: None, lambda obj: obj
+
+
+def _same_path(value):
+    """A path flag as an absolute path when it names something here (./x, x and /abs/x are one), else as given."""
+    return str(Path(value).expanduser().resolve()) if value and Path(value).expanduser().exists() else value
+
+
+def _manifest_digest(ckpt):
+    """sha256 of a checkpoint folder's manifest.json (which lists every file's sha256), or None."""
+    import hashlib
+
+    manifest = Path(ckpt) / "manifest.json"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else None
+
+
+# Recorded since chunks name the checkpoint they came from; older records lack them and cannot be checked.
+_RESUME_KEYS = ("weights", "ckpt_manifest", "vae", "vae_dtype", "image_size", "num_classes")
+
+
+def check_resume(parts: Path, old: dict, settings: dict, ckpt_arg):
+    """Why the chunks in `parts` (recorded as `old`) cannot be continued with `settings`, in one line, or None."""
+    if any(k not in old for k in _RESUME_KEYS):
+        return (f"{parts} holds chunks of an unfinished run by an older dit-trainer, which did not record the checkpoint "
+                f"folder it resolved {old.get('ckpt')!r} to; delete {parts} (its chunks cannot be checked) or pass "
+                f"another --npz")
+    if old.get("ckpt") != settings["ckpt"]:
+        return (f"{parts} holds chunks sampled from {old.get('ckpt')}, but --ckpt {ckpt_arg} is now {settings['ckpt']} "
+                f"(a newer checkpoint?); pass --ckpt {old.get('ckpt')} to finish that run, delete {parts}, or pass "
+                f"another --npz")
+    if old.get("ckpt_manifest") != settings["ckpt_manifest"]:
+        # Same folder name, other files: a run restarted into the same output_dir wrote this step again.
+        return (f"{parts} holds chunks sampled from {settings['ckpt']} before it was rewritten (its manifest.json "
+                f"differs); delete {parts} or pass another --npz")
+    differ = [f"{k} {old.get(k)!r} then, {settings.get(k)!r} now" for k in {**old, **settings}
+              if old.get(k) != settings.get(k)]
+    if differ:
+        return (f"{parts} holds chunks of an unfinished run with other settings ({'; '.join(differ)}); rerun with "
+                f"those settings to finish it, delete {parts}, or pass another --npz")
+    return None
 
 
 def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
@@ -78,20 +123,21 @@ def run(args) -> int:
 
     from dit_trainer.devices import resolve_device
     from dit_trainer.host_memory import keep_freed_memory_on
-    from dit_trainer.sample.cli import check_args, check_cfg_channels, sampler_options
+    from dit_trainer.sample.cli import check_args, check_cfg_channels, load_sampling_model, resolve_ckpt, sampler_options
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid, save_npz, to_uint8
-    from dit_trainer.sample.loading import load_model
     from dit_trainer.sample.sampling import as_objective, sample_latents
 
     check_args(args)
-    rank, world, barrier = _dist()
+    rank, world, barrier, from_rank0 = _dist()
     device = resolve_device(args.device, "--device")
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     keep_freed_memory_on(device, args.keep_freed_memory == "true")
-    model, cfg = load_model(args.ckpt, args.model, args.image_size, args.num_classes, prefer_ema=args.weights == "ema")
+    # One checkpoint for every rank, even when the run saves a newer one while the ranks start.
+    ckpt = from_rank0(resolve_ckpt(args.ckpt) if rank == 0 else None)
+    model, cfg = load_sampling_model(args, ckpt)
     check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
@@ -102,23 +148,36 @@ def run(args) -> int:
     options = sampler_options(args, sampler)
     out = Path(args.npz)
     parts = out.with_name(out.name + ".parts")
-    settings = {"ckpt": str(args.ckpt), "model": cfg.model.name, "objective": objective.name, "sampler": sampler,
+    # What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the flags that
+    # change them; image size and classes as the model got them (the flags matter for weights files only).
+    settings = {"ckpt": ckpt, "ckpt_manifest": _manifest_digest(ckpt), "weights": args.weights, "model": cfg.model.name, "image_size": cfg.data.image_size,
+                "num_classes": model.num_classes, "vae": _same_path(args.vae), "vae_dtype": args.vae_dtype,
+                "objective": objective.name, "sampler": sampler,
                 "steps": args.steps, "cfg_scale": args.cfg_scale, "cfg_channels": args.cfg_channels,
                 "dtype": args.dtype, "seed": args.seed, "num_samples": args.num_samples,
                 "batch_size": args.batch_size, **{k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}}
+    refused = None
     if rank == 0:
         parts.mkdir(parents=True, exist_ok=True)
         record = parts / "settings.json"
         if record.is_file():
-            old = json.loads(record.read_text())
-            differ = [f"{k} {old.get(k)!r} then, {settings.get(k)!r} now" for k in {**old, **settings}
-                      if old.get(k) != settings.get(k)]
-            if differ:
-                raise ConfigError(f"{parts} holds chunks of an unfinished run with other settings "
-                                  f"({'; '.join(differ)}); rerun with those settings to finish it, delete {parts}, "
-                                  f"or pass another --npz")
-        record.write_text(json.dumps(settings, indent=1))
-    barrier()
+            try:
+                old = json.loads(record.read_text())
+                if not isinstance(old, dict):
+                    raise ValueError
+            except (ValueError, UnicodeDecodeError):
+                old = None
+                refused = f"{record} is damaged; delete {parts} (its chunks cannot be checked) or pass another --npz"
+            if old is not None:
+                refused = check_resume(parts, old, settings, args.ckpt)
+        if refused is None:
+            tmp = record.with_name(record.name + ".tmp")
+            tmp.write_text(json.dumps(settings, indent=1))
+            os.replace(tmp, record)
+    # Decided once and told to every rank, so all of them stop with the same line instead of waiting on rank 0.
+    refused = from_rank0(refused)
+    if refused:
+        raise ConfigError(refused)
 
     labels = chunk_labels(args.num_samples, model.num_classes, args.seed)
     chunks = range((args.num_samples + args.batch_size - 1) // args.batch_size)
