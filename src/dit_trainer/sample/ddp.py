@@ -38,7 +38,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--num-samples", type=int, default=50000)
     p.add_argument("--batch-size", type=int, default=32, help="samples per chunk (one forward batch per rank)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="network precision while sampling")
-    add_sampling_arguments(p)
+    add_sampling_arguments(p, cfg_scale=1.5)
     p.set_defaults(func=run)
 
 
