@@ -36,7 +36,7 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
     `cfg_scale`: the default guidance, the release's for each command (sample.py 4.0 for pictures,
     sample_ddp.py 1.5, the FID setting of the paper)."""
     p.add_argument("--cfg-scale", type=float, default=cfg_scale,
-                   help=f"guidance scale, >= 1; 1 disables guidance (default {cfg_scale})")
+                   help="guidance scale, >= 1; 1 disables guidance")
     p.add_argument("--cfg-channels", type=int, default=None, help="guide only the first N channels (the release's FIDs used 3)")
     p.add_argument("--sampler", choices=("ddpm", "ddim", "ode", "sde"), default=None,
                    help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode)")
