@@ -27,3 +27,18 @@ def pt_and_json(tmp_path):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     torch.save({"model": model.state_dict(), "ema": model.state_dict()}, tmp_path / "tiny.pt")
     return tmp_path / "tiny.pt", path, model
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """The Hugging Face Hub unreachable: every metadata probe fails at once; the list holds their timeouts."""
+    import huggingface_hub
+
+    probes = []
+
+    def unreachable(url, timeout=None, **kwargs):
+        probes.append(timeout)
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
+    return probes

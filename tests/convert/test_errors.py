@@ -101,24 +101,15 @@ def test_missing_or_empty_pipeline_folder_names_it(tmp_path, fmt):
         read(fmt, empty)
 
 
-def test_export_with_an_uncached_hub_vae_offline_fails_at_once(ours_dir, tmp_path, monkeypatch):
+def test_export_with_an_uncached_hub_vae_offline_fails_at_once(ours_dir, tmp_path, offline_hub):
     # The exporters load their VAE through data.vae's loader: one short Hub probe, not ~30 s of retries.
-    import huggingface_hub
-
     from dit_trainer.data import vae as vae_mod
     from dit_trainer.errors import DitError
 
-    probes = []
-
-    def unreachable(url, timeout=None, **kwargs):
-        probes.append(timeout)
-        raise OSError("[Errno -2] Name or service not known")
-
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
     with pytest.raises(DitError) as err:
         convert("ours", ours_dir, "diffusers", tmp_path / "d", vae="org/uncached-vae")
     assert "'org/uncached-vae' is not in the Hugging Face cache" in str(err.value) and "\n" not in str(err.value)
-    assert probes == [vae_mod.HUB_PROBE_TIMEOUT_S]
+    assert offline_hub == [vae_mod.HUB_PROBE_TIMEOUT_S]
     assert not (tmp_path / "d" / "vae").exists()
 
 

@@ -32,21 +32,14 @@ def fake_vae(monkeypatch):
     return AutoencoderKL
 
 
-def test_uncached_id_offline_fails_at_once_in_one_line(fake_vae, monkeypatch):
-    probes = []
-
-    def unreachable(url, timeout=None, **kwargs):
-        probes.append(timeout)
-        raise OSError("[Errno -2] Name or service not known")
-
-    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
+def test_uncached_id_offline_fails_at_once_in_one_line(fake_vae, offline_hub):
     with pytest.raises(DataError) as err:
         vae_mod.load_vae("org/some-vae")
     msg = str(err.value)
     assert "\n" not in msg and "'org/some-vae' is not in the Hugging Face cache" in msg
     assert "cannot be downloaded ([Errno -2] Name or service not known)" in msg and "HF_HOME" in msg
     # Only the cache was tried, and one short probe, not the retrying download.
-    assert fake_vae.calls == [True] and probes == [vae_mod.HUB_PROBE_TIMEOUT_S]
+    assert fake_vae.calls == [True] and offline_hub == [vae_mod.HUB_PROBE_TIMEOUT_S]
 
 
 def test_cached_id_loads_without_touching_the_network(fake_vae, monkeypatch):
