@@ -231,3 +231,21 @@ def test_cli_keeps_freed_memory_on_cpu_unless_told_not_to(digits_ckpt, tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == ("False" if flag else "True")
+
+
+def test_steps_with_an_adaptive_ode_method_is_noted(capsys):
+    # dopri5 (SiT's default) takes --steps as output times only; a fixed-step method takes it as steps.
+    from types import SimpleNamespace
+
+    from dit_trainer.config import Config
+    from dit_trainer.sample.cli import note_adaptive_steps
+
+    cfg = Config()  # transport.ode_method: dopri5
+    note_adaptive_steps(SimpleNamespace(steps=10, ode_method=None), "ode", cfg)
+    err = capsys.readouterr().err
+    assert "--steps 10 sets output times only: dopri5 chooses its own steps" in err and err.count("\n") == 1
+    for args, sampler in ((SimpleNamespace(steps=10, ode_method="euler"), "ode"),
+                          (SimpleNamespace(steps=None, ode_method=None), "ode"),
+                          (SimpleNamespace(steps=10, ode_method=None), "sde")):
+        note_adaptive_steps(args, sampler, cfg)
+        assert capsys.readouterr().err == ""

@@ -1,6 +1,7 @@
 """`dit sample`: a PNG grid or an ADM `.npz` batch from a checkpoint."""
 
 import math
+import sys
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.host_memory import add_keep_freed_memory_argument, keep_freed_memory_on
@@ -93,6 +94,18 @@ def sampler_options(args, sampler) -> dict:
     return given
 
 
+def note_adaptive_steps(args, sampler, cfg) -> None:
+    """A one-line note when --steps meets an adaptive ODE method, whose step count it does not set."""
+    if sampler != "ode" or args.steps is None:
+        return
+    from dit_trainer.transport.integrators import is_adaptive
+
+    method = args.ode_method or cfg.transport.ode_method
+    if is_adaptive(method):
+        print(f"note: --steps {args.steps} sets output times only: {method} chooses its own steps (--atol/--rtol); "
+              f"pass --ode-method euler, midpoint, rk4 or heun3 for a fixed step count", file=sys.stderr)
+
+
 def check_args(args) -> None:
     """One-line errors for values no sampling can use (checked before the model loads)."""
     if not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale):
@@ -160,6 +173,7 @@ def run(args) -> int:
     objective = as_objective(cfg, model)
     # The release's sampler (DDPM for diffusion) unless one is named.
     sampler = objective.check_sampler(args.sampler or objective.samplers[0])
+    note_adaptive_steps(args, sampler, cfg)
     num_classes = model.num_classes
     labels = None
     if args.class_names:

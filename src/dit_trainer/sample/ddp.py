@@ -123,7 +123,8 @@ def run(args) -> int:
 
     from dit_trainer.devices import resolve_device
     from dit_trainer.host_memory import keep_freed_memory_on
-    from dit_trainer.sample.cli import check_args, check_cfg_channels, load_sampling_model, resolve_ckpt, sampler_options
+    from dit_trainer.sample.cli import (check_args, check_cfg_channels, load_sampling_model, note_adaptive_steps,
+                                        resolve_ckpt, sampler_options)
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid, save_npz, to_uint8
     from dit_trainer.sample.sampling import as_objective, sample_latents
@@ -146,6 +147,8 @@ def run(args) -> int:
     if decoder[0] is None and model.in_channels not in (1, 3):
         raise _no_vae_error(model.in_channels)
     options = sampler_options(args, sampler)
+    if rank == 0:
+        note_adaptive_steps(args, sampler, cfg)
     out = Path(args.npz)
     parts = out.with_name(out.name + ".parts")
     # What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the flags that

@@ -27,11 +27,12 @@ def ode_methods():
     return tuple(m for m in SOLVERS if m != "scipy_solver")
 
 
-def _is_adaptive(method):
+def is_adaptive(method) -> bool:
+    """Whether torchdiffeq's `method` chooses its own steps (dopri5, ...); unknown names are not."""
     from torchdiffeq._impl.odeint import SOLVERS
     from torchdiffeq._impl.rk_common import RKAdaptiveStepsizeODESolver
 
-    return issubclass(SOLVERS[method], RKAdaptiveStepsizeODESolver)
+    return method in SOLVERS and issubclass(SOLVERS[method], RKAdaptiveStepsizeODESolver)
 
 
 def time_grid(t0, t1, num_steps, device):
@@ -69,7 +70,7 @@ class ODE:
         atol = [self.atol] * len(x) if is_tuple else [self.atol]
         rtol = [self.rtol] * len(x) if is_tuple else [self.rtol]
         options = None
-        if _is_adaptive(self.method):
+        if is_adaptive(self.method):
             # An adaptive step may otherwise overshoot the last output time and evaluate the model
             # past t1; VP's σ_t is NaN beyond t = 1, which the release's sampler runs into.
             options = {"step_t": t[-1:]}
