@@ -153,8 +153,9 @@ def run(args) -> int:
     parts = out.with_name(out.name + ".parts")
     # What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the flags that
     # change them; image size and classes as the model got them (the flags matter for weights files only).
-    settings = {"ckpt": ckpt, "ckpt_manifest": _manifest_digest(ckpt), "weights": args.weights, "model": cfg.model.name, "image_size": cfg.data.image_size,
-                "num_classes": model.num_classes, "vae": _same_path(args.vae), "vae_dtype": args.vae_dtype,
+    settings = {"ckpt": ckpt, "ckpt_manifest": _manifest_digest(ckpt), "weights": args.weights,
+                "model": cfg.model.name, "image_size": cfg.data.image_size, "num_classes": model.num_classes,
+                "vae": _same_path(args.vae), "vae_dtype": args.vae_dtype,
                 "objective": objective.name, "sampler": sampler,
                 "steps": args.steps, "cfg_scale": args.cfg_scale, "cfg_channels": args.cfg_channels,
                 "dtype": args.dtype, "seed": args.seed, "num_samples": args.num_samples,
