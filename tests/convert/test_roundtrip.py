@@ -77,3 +77,16 @@ def test_written_folder_loads_with_dit_sample(ours_dir):
     assert cfg.model.depth == 2 and cfg.data.vae.endswith("vae")
     assert torch.equal(model.state_dict()["blocks.1.mlp.fc2.weight"],
                        load_file(str(ours_dir / "ema.safetensors"))["blocks.1.mlp.fc2.weight"])
+
+
+@pytest.mark.parametrize("convention,eps", [("diffusers", 1e-5), ("release", 1e-6)])
+def test_config_without_norm_eps_takes_the_conventions_eps(convention, eps):
+    # The Hub's DiT folders (facebook/DiT-XL-2-256) record no norm_eps; their weights are the release's.
+    from dit_trainer.convert.model_config import convention_of
+    from dit_trainer.convert.pipeline_folder import model_from_transformer_config
+
+    tcfg = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32, "patch_size": 2, "sample_size": 8,
+            "in_channels": 4, "out_channels": 8, "num_embeds_ada_norm": 10}
+    assert convention_of(model_from_transformer_config(tcfg, "config", convention=convention))["mlp_norm_eps"] == eps
+    recorded = model_from_transformer_config({**tcfg, "norm_eps": 1e-5}, "config", convention="release")
+    assert convention_of(recorded)["mlp_norm_eps"] == 1e-5  # a recorded eps is what the weights ran with

@@ -100,7 +100,10 @@ def model_from_transformer_config(cfg: dict, source, convention="diffusers") -> 
         in_channels = int(cfg.get("in_channels", 4))
         out_channels = int(cfg.get("out_channels") or in_channels)
         conv = dict(DIFFUSERS_CONVENTION if convention == "diffusers" else RELEASE_CONVENTION)
-        conv["mlp_norm_eps"] = float(cfg.get("norm_eps", 1e-5))
+        # A recorded norm_eps is what the weights ran with; a config without one (the Hub's DiT folders)
+        # gets the chosen convention's: diffusers' default 1e-5, or the release's 1e-6.
+        if "norm_eps" in cfg:
+            conv["mlp_norm_eps"] = float(cfg["norm_eps"])
         return model_config(int(cfg["num_layers"]), heads * head_dim, heads, int(cfg["patch_size"]),
                             int(cfg["sample_size"]), in_channels, int(cfg.get("num_embeds_ada_norm") or 1000),
                             learn_sigma=out_channels == 2 * in_channels, class_dropout_prob=0.1, **conv)
