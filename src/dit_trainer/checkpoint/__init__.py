@@ -4,6 +4,7 @@ imported on use since it needs torch.distributed)."""
 
 from dit_trainer.checkpoint.files import (
     begin_checkpoint,
+    checkpoint_folder,
     checkpoint_root,
     commit_checkpoint,
     latest_checkpoint,
@@ -16,6 +17,7 @@ from dit_trainer.checkpoint.files import (
 
 __all__ = [
     "begin_checkpoint",
+    "checkpoint_folder",
     "checkpoint_root",
     "commit_checkpoint",
     "latest_checkpoint",

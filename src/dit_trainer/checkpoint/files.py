@@ -43,6 +43,19 @@ def latest_checkpoint(output_dir):
     return ckpts[-1] if ckpts else None
 
 
+# The files a checkpoint folder holds its weights in; a folder with neither is a run's output_dir.
+WEIGHT_FILES = ("ema.safetensors", "model.safetensors")
+
+
+def checkpoint_folder(path):
+    """The checkpoint folder `path` names: itself when it holds weights, else (a run's output_dir) its
+    newest checkpoint; None when it is neither."""
+    path = Path(path)
+    if any((path / name).is_file() for name in WEIGHT_FILES):
+        return path
+    return latest_checkpoint(path)
+
+
 def _contiguous(sd: dict) -> dict:
     # safetensors refuses shared or strided storage; clone what is not a plain tensor.
     return {k: v.detach().contiguous().clone() if not v.is_contiguous() else v.detach() for k, v in sd.items()}
@@ -269,12 +282,11 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
         raise CheckpointError(f"weights path {path} does not exist; pass a checkpoint directory, .pt or .safetensors file")
     if p.is_dir():
         names = ["ema.safetensors", "model.safetensors"] if prefer_ema else ["model.safetensors", "ema.safetensors"]
-        if not any((p / name).is_file() for name in names):
-            # A run folder: its newest checkpoint, as `dit sample --ckpt RUN_DIR` takes.
-            p = latest_checkpoint(p)
-            if p is None:
-                raise CheckpointError(f"{path} holds no model.safetensors, ema.safetensors or checkpoints/step-*; "
-                                      "pass a dit-trainer run folder or one of its checkpoints/step-* folders")
+        # A run folder gives its newest checkpoint, as `dit sample --ckpt RUN_DIR` takes.
+        p = checkpoint_folder(p)
+        if p is None:
+            raise CheckpointError(f"{path} holds no model.safetensors, ema.safetensors or checkpoints/step-*; "
+                                  "pass a dit-trainer run folder or one of its checkpoints/step-* folders")
         if not prefer_ema and not (p / "model.safetensors").is_file():
             # Taking ema.safetensors instead would hand back other weights than asked for, without a word.
             if (p / "dcp").is_dir():

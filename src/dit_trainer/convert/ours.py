@@ -16,19 +16,15 @@ from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.model_file import is_model_file, load_model_file
 
-WEIGHTS = ("ema.safetensors", "model.safetensors")
-
 
 def checkpoint_dir(src) -> Path:
     """The checkpoint folder of `src`: itself, or a run folder's newest checkpoint."""
-    from dit_trainer.checkpoint import latest_checkpoint
+    from dit_trainer.checkpoint import checkpoint_folder
 
     path = Path(src)
     if not path.is_dir():
         raise CheckpointError(f"{src} is not a folder; --from ours takes a run folder or a checkpoint folder")
-    if any((path / name).is_file() for name in WEIGHTS):
-        return path
-    latest = latest_checkpoint(path)
+    latest = checkpoint_folder(path)
     if latest is None:
         raise CheckpointError(f"{src} holds neither ema.safetensors nor checkpoints/step-*; pass a run or checkpoint folder")
     return latest

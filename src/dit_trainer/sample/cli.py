@@ -128,11 +128,9 @@ def resolve_ckpt(ckpt) -> str:
     """The checkpoint `--ckpt` names, absolute: a run folder gives its newest checkpoints/step-* folder."""
     from pathlib import Path
 
-    from dit_trainer.checkpoint import latest_checkpoint
+    from dit_trainer.checkpoint import checkpoint_folder
 
-    path = Path(ckpt)
-    if path.is_dir() and not any((path / name).is_file() for name in ("ema.safetensors", "model.safetensors")):
-        path = latest_checkpoint(path)
+    path = checkpoint_folder(ckpt) if Path(ckpt).is_dir() else Path(ckpt)
     # Left as given when nothing is there: load_model says what to pass.
     return str(path.resolve()) if path is not None and path.exists() else str(ckpt)
 

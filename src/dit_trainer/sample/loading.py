@@ -11,7 +11,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
     """(eval-mode model, Config) from a checkpoint dir with config.yaml, a run dir, or an original DiT file.
 
     `model_name` is a registered name or a model config file (PaddleMIX DiT JSON, our YAML)."""
-    from dit_trainer.checkpoint import latest_checkpoint, load_into, load_weights
+    from dit_trainer.checkpoint import checkpoint_folder, load_into, load_weights
     from dit_trainer.config import Config, load_config, validate
     from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.models import get_spec
@@ -19,9 +19,8 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
     path = Path(ckpt)
     if not path.exists():
         raise CheckpointError(f"--ckpt {ckpt} does not exist; pass a checkpoint directory or a DiT .pt/.safetensors file")
-    weights = ("ema.safetensors", "model.safetensors")
-    if path.is_dir() and not any((path / name).is_file() for name in weights):
-        latest = latest_checkpoint(path)  # a run's output_dir: take its newest checkpoint
+    if path.is_dir():
+        latest = checkpoint_folder(path)  # a run's output_dir gives its newest checkpoint
         if latest is None:
             if (path / "config.yaml").is_file():
                 # A run stopped before its first save (or a step folder that lost its weights).
