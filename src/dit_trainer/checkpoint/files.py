@@ -250,9 +250,7 @@ def _unreadable_pt(path: Path, err: BaseException) -> CheckpointError:
     code = _refused_global(err)
     if code:
         if CKPT_RE.match(path.parent.name):
-            return CheckpointError(f"{path}: needs code to unpickle ({code}), which a weights-only load refuses; "
-                                   "dit-trainer never writes code into checkpoints, so the file was replaced: "
-                                   "use another checkpoint")
+            return CheckpointError(f"{path}: {weights_only_refusal(err)}")
         return CheckpointError(f"{path}: needs code to unpickle ({code}), which a weights-only load refuses; if you "
                                "trust its source, convert it to safetensors or a plain state dict")
     try:
