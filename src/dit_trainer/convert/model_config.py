@@ -21,6 +21,11 @@ DIFFUSERS_CONVENTION = {"timestep_freq_shift": 1, "mlp_norm_eps": 1e-5}
 CONVENTION_KEYS = tuple(RELEASE_CONVENTION)
 
 
+def release_size(depth, hidden_size):
+    """The release size (S, B, L, XL) of this depth and width, or None: what fixes the head count."""
+    return next((size for size, (d, w, _) in SIZES.items() if (d, w) == (depth, hidden_size)), None)
+
+
 def dit_name(depth, hidden_size, num_heads, patch_size) -> tuple:
     """(registered name, size overrides) for a DiT of this shape: a release size, or S with overrides."""
     if patch_size not in PATCHES:
@@ -90,7 +95,8 @@ def infer_from_state_dict(sd: dict, source="weights", num_heads=None) -> dict:
     the release size's, else `num_heads` (no tensor holds it, and a wrong one computes another function)."""
     shape = tensor_shape(sd, source)
     depth, hidden = shape["depth"], shape["hidden_size"]
-    heads = num_heads or next((h for d, w, h in SIZES.values() if (d, w) == (depth, hidden)), None)
+    size = release_size(depth, hidden)
+    heads = num_heads or (SIZES[size][2] if size else None)
     if heads is None:
         example = f", e.g. {hidden // 64} for 64-wide heads" if hidden % 64 == 0 else ""
         raise CheckpointError(f"{source}: a DiT of depth {depth} and hidden size {hidden} is no release size and its "
@@ -128,7 +134,7 @@ def check_fits(sd: dict, cfg: dict, source) -> None:
         parts.append(f"unexpected {', '.join(unexpected[:3])}")
     try:
         fit = tensor_shape(sd, source)
-        size = next((k for k, (d, w, _) in SIZES.items() if (d, w) == (fit["depth"], fit["hidden_size"])), None)
+        size = release_size(fit["depth"], fit["hidden_size"])
         label = f"DiT-{size}/{fit['patch_size']} " if size else ""
         hint = (f"; the tensors fit {label}(depth {fit['depth']}, hidden {fit['hidden_size']}, "
                 f"input_size {fit['input_size']}, num_classes {fit['num_classes']})")
