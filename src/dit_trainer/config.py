@@ -13,7 +13,7 @@ import yaml
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.transport.config import TransportConfig
-from dit_trainer.typed import closest_key, closest_key_error, coerce
+from dit_trainer.typed import closest_key_error, coerce
 
 
 @dataclass
@@ -201,10 +201,7 @@ def _unknown(key: str, obj, prefix: str) -> ConfigError:
     # Without a match, only the keys of the section the user was in are listed.
     listed = [prefix + f.name for f in dataclasses.fields(obj) if f.name != "options"]
     keys = [k for k in _all_keys() if k != "model.options"] + list(SECTIONS)
-    close = closest_key(key, keys, section=key.rpartition(".")[0])
-    if close:
-        return ConfigError(f"unknown config key {key!r}; did you mean {close!r}?")
-    return closest_key_error(key, [], listed)
+    return closest_key_error(key, keys, listed, section=key.rpartition(".")[0])
 
 
 def _set_keys(cfg: Config) -> set:

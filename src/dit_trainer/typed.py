@@ -121,14 +121,15 @@ def closest_key(key: str, candidates, section: Optional[str] = None) -> Optional
     return min(by_leaf[leaf], key=lambda c: c.rpartition(".")[0] != section)
 
 
-def closest_key_error(key: str, candidates, listed=None) -> ConfigError:
-    """An unknown-key error naming the closest valid key, or listing `listed` (default: the candidates).
+def closest_key_error(key: str, candidates, listed=None, section: Optional[str] = None) -> ConfigError:
+    """An unknown-key error naming the closest valid key (one in `section` winning a tie), or listing
+    `listed` (default: the candidates).
 
     Pass the keys of the key's own section as `listed`: a list of every key of every section is
     too long to read on one line.
     """
     candidates = list(candidates)
-    close = closest_key(key, candidates)
+    close = closest_key(key, candidates, section)
     listed = candidates if listed is None else list(listed)
     hint = f"; did you mean {close!r}?" if close else f"; valid keys: {', '.join(listed)}"
     return ConfigError(f"unknown config key {key!r}{hint}")
