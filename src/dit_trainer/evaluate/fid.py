@@ -22,18 +22,20 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, eps: float = 1e-6) -> float:
             f"were both sets measured with the same network?"
         )
     diff = mu1 - mu2
-    # Without disp: the same square root, and scipy >= 1.18 drops the argument. Its "singular matrix"
-    # warning is silenced, as disp=False did in ADM's evaluator: the check below handles that case.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", linalg.LinAlgWarning)
-        covmean = linalg.sqrtm(sigma1.dot(sigma2))
+
+    def sqrtm(m):
+        # Without disp: the same square root, and scipy >= 1.18 drops the argument. Its "singular matrix"
+        # warning is silenced, as disp=False did in ADM's evaluator: the finiteness check handles that case.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", linalg.LinAlgWarning)
+            return linalg.sqrtm(m)
+
+    covmean = sqrtm(sigma1.dot(sigma2))
     if not np.isfinite(covmean).all():
         # A (nearly) singular product, e.g. fewer samples than feature dimensions: nudge both diagonals.
         warnings.warn(f"FID: singular covariance product; adding {eps} to the diagonals", RuntimeWarning)
         offset = np.eye(sigma1.shape[0]) * eps
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", linalg.LinAlgWarning)
-            covmean = linalg.sqrtm((sigma1 + offset).dot(sigma2 + offset))
+        covmean = sqrtm((sigma1 + offset).dot(sigma2 + offset))
     if np.iscomplexobj(covmean):
         # Round-off gives tiny imaginary parts; a large one means the square root is meaningless.
         if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
