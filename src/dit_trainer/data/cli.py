@@ -41,20 +41,19 @@ def _verify(args) -> int:
     from dit_trainer.data.shards import read_manifest
     from dit_trainer.data.tools import is_per_file_folder, verify, verify_per_file
 
-    if is_per_file_folder(args.path):
+    per_file = is_per_file_folder(args.path)
+    if per_file:
         problems, ds = verify_per_file(args.path, args.labels_file, args.unconditional, progress=not args.no_progress)
-        for line in problems:
-            print(f"dit data verify: {line}", file=sys.stderr)
-        if problems:
-            return 1
-        print(f"dit data verify: ok: {len(ds)} per-file latents {ds.latent_shape}, {ds.num_classes} classes "
-              f"(dit train reads them as they are; dit data convert packs them into shards)")
-        return 0
-    problems = verify(args.path, progress=not args.no_progress)
+    else:
+        problems = verify(args.path, progress=not args.no_progress)
     for line in problems:
         print(f"dit data verify: {line}", file=sys.stderr)
     if problems:
         return 1
+    if per_file:
+        print(f"dit data verify: ok: {len(ds)} per-file latents {ds.latent_shape}, {ds.num_classes} classes "
+              f"(dit train reads them as they are; dit data convert packs them into shards)")
+        return 0
     m = read_manifest(args.path)
     print(f"dit data verify: ok: {m['count']} latents {tuple(m['latent_shape'])} {m['dtype']} in "
           f"{len(m['shards'])} shards, {m['num_classes']} classes, flips={m['flips']}, posterior={m['posterior']}")
