@@ -36,10 +36,9 @@ def run(args) -> int:
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}
     note = f" (timestep convention {extra})" if extra else ""
     # A size name with overrides (a run of DiT-XL/2 at --model.depth 2) is not that size: say what it is.
-    sized = [f"{k} {bundle.model[k]}" for k in SIZE_KEYS if k in bundle.model]
-    what = f"{bundle.model['name']} ({', '.join(sized)}; {len(bundle.state_dict)} tensors)" if sized else \
-        f"{bundle.model['name']} ({len(bundle.state_dict)} tensors)"
-    print(f"wrote {what} as {args.dst_format} to {out}{note}")
+    sizes = ", ".join(f"{k} {bundle.model[k]}" for k in SIZE_KEYS if k in bundle.model)
+    what = "; ".join(filter(None, (sizes, f"{len(bundle.state_dict)} tensors")))
+    print(f"wrote {bundle.model['name']} ({what}) as {args.dst_format} to {out}{note}")
     if args.dst_format in ("diffusers", "ppdiffusers") and int(bundle.model.get("num_classes", 1000)) != 1000:
         # Their DiTPipeline hard-codes label 1000 as the null class.
         print(f"note: {args.dst_format}' DiTPipeline guides with label 1000 as the null class; this model has "
