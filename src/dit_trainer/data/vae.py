@@ -33,8 +33,9 @@ def resolve_dtype(dtype: Union[str, torch.dtype]) -> torch.dtype:
         raise DataError(f"VAE dtype {dtype!r} is not supported; use fp32 or bf16") from None
 
 
-def _looks_like_path(name: str) -> bool:
-    # Hub ids are "org/name"; anything else with a separator or a leading ./ ~ is meant as a folder.
+def looks_like_path(name: str) -> bool:
+    """Whether a VAE name is meant as a folder rather than a Hub id (`org/name`)."""
+    # Anything else with a separator or a leading ./ ~ is meant as a folder.
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name or name.endswith("/")
 
 
@@ -110,7 +111,7 @@ def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[s
             vae = AutoencoderKL.from_pretrained(folder, **kwargs)
         except (OSError, ValueError) as err:
             raise DataError(f"cannot load the VAE in {folder} ({_first_line(err)}); re-save it with save_pretrained") from None
-    elif _looks_like_path(name):
+    elif looks_like_path(name):
         raise DataError(f"VAE folder {name} does not exist; pass an existing folder or a Hub id "
                         f"like stabilityai/sd-vae-ft-mse")
     else:

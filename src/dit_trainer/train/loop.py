@@ -131,7 +131,7 @@ def check_grid_vae(cfg) -> None:
     import importlib.util
     import os
 
-    from dit_trainer.data.vae import _looks_like_path
+    from dit_trainer.data.vae import looks_like_path
     from dit_trainer.errors import ConfigError
     from dit_trainer.sample.decode import data_manifest, vae_source
 
@@ -141,7 +141,7 @@ def check_grid_vae(cfg) -> None:
     name = source[0]
     from_manifest = "data.vae" not in user_keys(cfg) and (data_manifest(cfg.data.path) or {}).get("vae") == name
     where = f" (recorded in {os.path.join(str(cfg.data.path), 'manifest.json')})" if from_manifest else ""
-    if not os.path.isdir(os.path.expanduser(name)) and _looks_like_path(name):
+    if not os.path.isdir(os.path.expanduser(name)) and looks_like_path(name):
         raise ConfigError(
             f"data.vae {name}{where} does not exist, and logging.image_steps {cfg.logging.image_steps} decodes "
             f"sample grids with it; set data.vae to the VAE folder or Hub id the latents came from, or "
