@@ -12,7 +12,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, one_line
 
 
 def coerce(value: Any, tp, key: str):
@@ -77,7 +77,7 @@ def yaml_problem(err: yaml.YAMLError) -> str:
     problem_mark = getattr(err, "problem_mark", None)
     problem = getattr(err, "problem", None)
     if problem is None:
-        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return one_line(err)
     text = f"{at(problem_mark)}: {problem}" if problem_mark is not None else problem
     context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
     if context:

@@ -13,7 +13,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from dit_trainer.errors import DataError
+from dit_trainer.errors import DataError, one_line
 
 # Seconds the one reachability check of the Hub may take before an uncached id is reported as unavailable.
 HUB_PROBE_TIMEOUT_S = 5
@@ -47,11 +47,6 @@ def _autoencoder_class():
     return AutoencoderKL
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _quiet_from_pretrained(AutoencoderKL, name: str, **kwargs):
     # diffusers passes the deprecated local_dir_use_symlinks to huggingface_hub, which warns on every load.
     with warnings.catch_warnings():
@@ -67,7 +62,7 @@ def _hub_unreachable(name: str) -> Optional[str]:
     try:
         get_hf_file_metadata(hf_hub_url(name, "config.json"), timeout=HUB_PROBE_TIMEOUT_S)
     except Exception as err:  # noqa: BLE001 - any failure here means the download cannot work
-        return _first_line(err)
+        return one_line(err)
     return None
 
 
@@ -88,7 +83,7 @@ def _load_hub_vae(AutoencoderKL, name: str, kwargs: dict):
     try:
         return _quiet_from_pretrained(AutoencoderKL, name, **kwargs)
     except (OSError, ValueError) as err:
-        raise DataError(f"cannot download VAE {name!r} ({_first_line(err)}); pass a local folder saved with "
+        raise DataError(f"cannot download VAE {name!r} ({one_line(err)}); pass a local folder saved with "
                         f"save_pretrained (--vae DIR)") from None
 
 
@@ -110,7 +105,7 @@ def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[s
         try:
             vae = AutoencoderKL.from_pretrained(folder, **kwargs)
         except (OSError, ValueError) as err:
-            raise DataError(f"cannot load the VAE in {folder} ({_first_line(err)}); re-save it with save_pretrained") from None
+            raise DataError(f"cannot load the VAE in {folder} ({one_line(err)}); re-save it with save_pretrained") from None
     elif looks_like_path(name):
         raise DataError(f"VAE folder {name} does not exist; pass an existing folder or a Hub id "
                         f"like stabilityai/sd-vae-ft-mse")
