@@ -29,6 +29,7 @@ import time
 
 import torch
 
+EMULATED_BF16 = "DIT_BENCH_EMULATED_BF16"  # set by benchmarks/peak_memory.py --emulated-bf16
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -183,6 +184,12 @@ def build_trainer(args, variant):
         return OriginalLoop(args, variant, torch.device(args.device))
     from dit_trainer.train import DiTTrainer
 
+    if os.environ.get(EMULATED_BF16) == "1":
+        # benchmarks/peak_memory.py --emulated-bf16: the trainer would fall back to fp32 without
+        # native bf16; for memory, only the dtypes of the tensors matter, not how fast they are made.
+        import dit_trainer.train.trainer as trainer_module
+
+        trainer_module.resolve_amp_dtype = lambda precision, device: DTYPES[precision] if precision != "fp32" else None
     trainer = DiTTrainer(make_config(args, variant))
     if variant.get("loopadam"):
         for group in trainer.optimizer.param_groups:
