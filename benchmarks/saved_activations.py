@@ -1,9 +1,8 @@
 """What a compiled transformer block keeps for its backward, and what it recomputes, per
 `train.activation_memory_budget`: memory accounting that needs no native bf16 and no GPU.
 
-    python benchmarks/saved_activations.py                          # DiT-S/2, batch 32, bf16, budgets 1..0.3
-    python benchmarks/saved_activations.py --model DiT-B/2 --batch-size 16
-    python benchmarks/saved_activations.py --model LargeDiT-3B/2 --batch-size 4 --depth 1 --budgets 1,0.8
+    python benchmarks/saved_activations.py                          # DiT-S/2, batch 32, bf16, budgets 1..0.4
+    python benchmarks/saved_activations.py --model DiT-B/2 --batch-size 16 --list
 
 The trainer compiles each block (`train.compile`) and, with a budget below 1, sets PyTorch's
 `activation_memory_budget` while the block's graph is partitioned into forward and backward. This
@@ -14,8 +13,8 @@ the same autocast and symbolic sizes) but runs the two graphs eagerly, and print
 - the block's share of the step's saved activations, i.e. that per block times the depth;
 - the FLOPs of forward plus backward against 3x the forward's (the model FLOPs that MFU counts):
   the excess is what the budget recomputes.
-It runs the block once per budget (bf16 on a CPU without native bf16 is emulated and slow, some
-seconds per budget at DiT-S/2 batch 32), and says nothing about time: where recompute is cheap in
+It runs the block once per budget (bf16 on a CPU without native bf16 is emulated and slow: about
+40 s per budget at DiT-S/2 batch 32 on an AVX2-only CPU), and says nothing about time: where recompute is cheap in
 FLOPs it can still cost time, which only `benchmarks/train_step.py` on the target hardware measures.
 """
 
@@ -130,11 +129,11 @@ def main():
     ap.add_argument("--input-size", type=int, default=32)
     ap.add_argument("--in-channels", type=int, default=4)
     ap.add_argument("--num-classes", type=int, default=1000)
-    ap.add_argument("--depth", type=int, default=None, help="override the depth (the table scales it back up)")
+    ap.add_argument("--depth", type=int, default=None, help="override the model's depth (the x depth column uses it)")
     ap.add_argument("--hidden-size", type=int, default=None)
     ap.add_argument("--num-heads", type=int, default=None)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    ap.add_argument("--budgets", default="1,0.8,0.7,0.6,0.5,0.4,0.3")
+    ap.add_argument("--budgets", default="1,0.8,0.7,0.6,0.5,0.45,0.4")
     ap.add_argument("--list", action="store_true", help="also list the kept tensors under 1 MiB")
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
@@ -142,10 +141,9 @@ def main():
     block, inputs, kwargs, depth = block_and_inputs(args)
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         forward_flops = flops(lambda: block(*inputs, **kwargs))
-    full_depth = depth if not args.depth else args.depth
     print(f"# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents, "
           f"{args.dtype} autocast, torch {torch.__version__}: one block, partitioned as train.compile does; "
-          f"model FLOPs (3x forward) {3 * forward_flops / 1e9:.2f} GFLOP per block step; depth {full_depth}")
+          f"model FLOPs (3x forward) {3 * forward_flops / 1e9:.2f} GFLOP per block step; depth {depth}")
     print("| budget | tensors kept | MiB per block | MiB x depth | kept tensors | recomputed FLOPs |")
     print("|--:|--:|--:|--:|:--|--:|")
     for budget in (float(b) for b in args.budgets.split(",")):
@@ -156,11 +154,11 @@ def main():
         def step():
             torch.autograd.grad(out, [t for t in inputs if torch.is_tensor(t) and t.requires_grad], grad)
 
-        # The forward already ran (compiling): count it again eagerly with the recorded graph's FLOPs.
+        # The compiled forward ran while compiling; a forward recomputes nothing, so its FLOPs are the eager one's.
         total = forward_flops + flops(step)
         per_block = sum(r[3] for r in rows) / 2**20
         names = describe(rows, every=args.list)
-        print(f"| {budget:g} | {len(rows)} | {per_block:.1f} | {per_block * full_depth:.0f} | {names} | "
+        print(f"| {budget:g} | {len(rows)} | {per_block:.1f} | {per_block * depth:.0f} | {names} | "
               f"{100 * (total - 3 * forward_flops) / (3 * forward_flops):+.1f}% |", flush=True)
 
 
