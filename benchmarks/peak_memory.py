@@ -27,7 +27,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
-from train_step import cpu_name, fresh_process, table
+from train_step import cpu_name, memory_in_fresh_process, table
 from train_step_variants import EMULATED_BF16, parse_variant
 
 
@@ -52,9 +52,8 @@ def main():
     variants = [parse_variant(n) for n in args.variants.split(",")]
     start = datetime.datetime.now()
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        mems = list(pool.map(lambda v: fresh_process(probe_args, v, "MEM", []), variants))
-    base = next((m["peak_mib"] for m in mems if m["variant"].startswith("orig-")), mems[0]["peak_mib"])
-    base_name = next((m["variant"] for m in mems if m["variant"].startswith("orig-")), mems[0]["variant"])
+        mems = list(pool.map(lambda v: memory_in_fresh_process(probe_args, v), variants))
+    base = next((m for m in mems if m["variant"].startswith("orig-")), mems[0])
     size = ", ".join(f"{k.replace('_', ' ')} {getattr(args, k)}" for k in ("depth", "hidden_size", "num_heads")
                      if getattr(args, k))
     print(f"# benchmarks/peak_memory.py  {start:%Y-%m-%d %H:%M}  torch {torch.__version__}  cpu "
@@ -62,8 +61,8 @@ def main():
           f"{args.probe_steps} steps per fresh process, {args.jobs} at once"
           + ("; bf16 emulated (memory only)" if args.emulated_bf16 else ""))
     print(f"# peak mem = VmHWM of the process; it held {mems[0]['base_mib']:.0f} MiB after its imports")
-    print(table(["variant", "peak mem MiB", f"mem vs {base_name}"],
-                [[m["variant"], f"{m['peak_mib']:.0f}", f"{m['peak_mib'] / base:.2f}x"] for m in mems]))
+    print(table(["variant", "peak mem MiB", f"mem vs {base['variant']}"],
+                [[m["variant"], f"{m['peak_mib']:.0f}", f"{m['peak_mib'] / base['peak_mib']:.2f}x"] for m in mems]))
 
 
 if __name__ == "__main__":

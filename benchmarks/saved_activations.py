@@ -19,7 +19,9 @@ FLOPs it can still cost time, which only `benchmarks/train_step.py` on the targe
 """
 
 import argparse
+import datetime
 import functools
+import math
 import os
 import sys
 
@@ -97,10 +99,7 @@ def saved_tensors(backward_graph) -> list[tuple[str, torch.dtype, tuple, int]]:
         if not torch.is_tensor(val) or not any(isinstance(s, torch.SymInt) for s in val.shape):
             continue  # parameters, per-run constants and sizes: resident whatever the budget
         shape = tuple(int(s.node.hint) if isinstance(s, torch.SymInt) else int(s) for s in val.shape)
-        numel = 1
-        for s in shape:
-            numel *= s
-        rows.append((node.name, val.dtype, shape, numel * val.element_size()))
+        rows.append((node.name, val.dtype, shape, math.prod(shape) * val.element_size()))
     return rows
 
 
@@ -141,7 +140,7 @@ def main():
     block, inputs, kwargs, depth = block_and_inputs(args)
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         forward_flops = flops(lambda: block(*inputs, **kwargs))
-    print(f"# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents, "
+    print(f"# benchmarks/saved_activations.py  {datetime.datetime.now():%Y-%m-%d %H:%M}\n# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents, "
           f"{args.dtype} autocast, torch {torch.__version__}: one block, partitioned as train.compile does; "
           f"model FLOPs (3x forward) {3 * forward_flops / 1e9:.2f} GFLOP per block step; depth {depth}")
     print("| budget | tensors kept | MiB per block | MiB x depth | kept tensors | recomputed FLOPs |")
