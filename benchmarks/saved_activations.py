@@ -141,7 +141,7 @@ def main():
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         forward_flops = flops(lambda: block(*inputs, **kwargs))
     print(f"# benchmarks/saved_activations.py  {datetime.datetime.now():%Y-%m-%d %H:%M}\n# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents, "
-          f"{args.dtype} autocast, torch {torch.__version__}: one block, partitioned as train.compile does; "
+          f"{args.dtype + ' autocast' if args.dtype != 'fp32' else 'fp32'}, torch {torch.__version__}: one block, partitioned as train.compile does; "
           f"model FLOPs (3x forward) {3 * forward_flops / 1e9:.2f} GFLOP per block step; depth {depth}")
     print("| budget | tensors kept | MiB per block | MiB x depth | kept tensors | recomputed FLOPs |")
     print("|--:|--:|--:|--:|:--|--:|")
