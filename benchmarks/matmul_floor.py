@@ -1,0 +1,169 @@
+"""How much of a training step is matmul, and how fast could the step be if nothing else took time.
+
+    python benchmarks/matmul_floor.py                      # DiT-S/2, batch 32, the default compiled bf16 step
+    python benchmarks/matmul_floor.py --variant bf16 --rounds 4
+
+1. One step of the variant (after warm-up) runs under PyTorch's profiler, which records every
+   matmul it makes (aten mm, addmm, bmm, baddbmm) with its shapes and its time inside the step.
+2. Each distinct matmul is then run alone, on fresh contiguous operands of the same shapes in the
+   step's compute dtype, and timed (median of --reps): the "floor" is the sum over the step's
+   matmuls of these times, what the step would take if norms, activations, softmax, the loss, the
+   optimizer and EMA were free and every matmul ran as fast as it does on its own.
+3. The original loop (`orig-bf16`, or `orig-fp32` for an fp32 variant; train_step_variants.py) and
+   the variant are timed side by side for --rounds rounds (one step each per round), so the last
+   lines can say, in this run's numbers, the most any trainer could be ahead of the original loop
+   on this machine (original / floor) and what a target ratio leaves for everything but the matmuls.
+"""
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_step_variants import build_trainer, make_batch, parse_variant, undone_changes, warm_up  # noqa: E402
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def matmul_events(trainer, batch):
+    """(name, shapes) -> [count, total in-step seconds] over one profiled step, and the step's time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        t0 = time.perf_counter()
+        trainer.train_step(batch)
+        step_s = time.perf_counter() - t0
+    found = {}
+    for e in prof.events():
+        if e.name in MATMULS:
+            # The operands only: a call with out= records the output's shape after them.
+            arity = 3 if e.name in ("aten::addmm", "aten::baddbmm") else 2
+            key = (e.name, tuple(tuple(s) for s in e.input_shapes[:arity]))
+            entry = found.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.cpu_time_total / 1e6
+    return found, step_s
+
+
+def operands(name: str, shapes, dtype):
+    """Contiguous operands for one recorded matmul; (callable, FLOPs)."""
+    make = lambda s: torch.randn(*s, dtype=torch.float32).to(dtype)  # noqa: E731
+    if name in ("aten::addmm", "aten::baddbmm"):
+        bias, a, b = (make(s) for s in shapes)
+        fn = torch.addmm if name == "aten::addmm" else torch.baddbmm
+        call = lambda: fn(bias, a, b)  # noqa: E731
+    else:
+        a, b = (make(s) for s in shapes)
+        call = lambda: torch.matmul(a, b)  # noqa: E731
+    batch = a.shape[0] if a.dim() == 3 else 1
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    return call, 2 * batch * m * k * n
+
+
+def time_alone(call, reps: int) -> float:
+    """Median seconds of `call` after two warm-up calls."""
+    call(), call()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def side_by_side(args, names, batch, device):
+    """Median step time of each variant over `args.rounds` rounds of one step each, order rotated."""
+    trainers = []
+    for name in names:
+        v = parse_variant(name)
+        with undone_changes(v):
+            trainer = build_trainer(args, v)
+            warm_up(args, v, trainer, batch, device)
+        trainers.append((v, trainer))
+    times = [[] for _ in names]
+    for r in range(args.rounds):
+        for j in range(len(names)):
+            i = (j + r) % len(names)
+            v, trainer = trainers[i]
+            with undone_changes(v):
+                t0 = time.perf_counter()
+                trainer.train_step(batch)
+                times[i].append(time.perf_counter() - t0)
+    return trainers, times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="DiT-S/2")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--input-size", type=int, default=32)
+    ap.add_argument("--in-channels", type=int, default=4)
+    ap.add_argument("--num-classes", type=int, default=1000)
+    ap.add_argument("--depth", type=int, default=None)
+    ap.add_argument("--hidden-size", type=int, default=None)
+    ap.add_argument("--num-heads", type=int, default=None)
+    ap.add_argument("--variant", default="bf16+compile", help="a train_step.py variant (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=6, help="side-by-side rounds with the original loop")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=9, help="timed runs of each distinct matmul alone")
+    ap.add_argument("--target", type=float, default=1.5, help="a speed ratio to the original loop to budget for")
+    args = ap.parse_args()
+    args.device, args.model_option = "cpu" if not torch.cuda.is_available() else "cuda", None
+    if args.device == "cuda":
+        raise SystemExit("matmul_floor.py times CPU steps with the CPU profiler; on a GPU use gpu_check.sh")
+    device = torch.device(args.device)
+    variant = parse_variant(args.variant)
+    if variant.get("original"):
+        raise SystemExit(f"--variant {args.variant}: give one of the trainer's variants; the original loop is timed anyway")
+    original = "orig-fp32" if variant["precision"] == "fp32" else "orig-bf16"
+
+    start = time.perf_counter()
+    batch = make_batch(args, device)
+    trainers, times = side_by_side(args, [original, args.variant], batch, device)
+    (_, orig_trainer), (_, trainer) = trainers
+    del orig_trainer
+    with undone_changes(variant):
+        found, profiled_s = matmul_events(trainer, batch)
+    dtype = trainer.amp_dtype or torch.float32
+    del trainer, trainers
+
+    rows, floor_s, instep_s, flops = [], 0.0, 0.0, 0
+    for (name, shapes), (count, total) in sorted(found.items(), key=lambda kv: -kv[1][1]):
+        call, f = operands(name, shapes, dtype)
+        alone = time_alone(call, args.reps)
+        floor_s += count * alone
+        instep_s += total
+        flops += count * f
+        rows.append((name[6:], " x ".join(str(list(s)) for s in shapes), count, 1e3 * total / count, 1e3 * alone,
+                     f / alone / 1e12))
+    orig_s, ours_s = (statistics.median(t) for t in times)
+    ratios = sorted(o / t for o, t in zip(*times))
+
+    print(f"# benchmarks/matmul_floor.py  {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  "
+          f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads")
+    print(f"# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents; "
+          f"variant {args.variant}, matmuls in {str(dtype).replace('torch.', '')}; one profiled step took {profiled_s:.2f} s")
+    print("| op | operand shapes | per step | ms in the step | ms alone | TFLOP/s alone |")
+    print("|:--|:--|--:|--:|--:|--:|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.3f} |")
+    print(f"# matmuls per step: {flops / 1e9:.1f} GFLOP; {instep_s:.2f} s inside the profiled step, "
+          f"{floor_s:.2f} s alone ({flops / floor_s / 1e12:.3f} TFLOP/s): the floor")
+    print(f"# side by side, {args.rounds} rounds: {original} {orig_s:.2f} s/step, {args.variant} {ours_s:.2f} s/step, "
+          f"ratio median {statistics.median(ratios):.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f})")
+    print(f"# the most any step of this model could be ahead of {original} here: {orig_s / floor_s:.2f}x "
+          f"({orig_s:.2f} / {floor_s:.2f} s)")
+    budget = orig_s / args.target
+    print(f"# {args.target:g}x {original} needs {budget:.2f} s/step, which leaves {budget - floor_s:.2f} s over the floor "
+          f"for everything else; {args.variant} takes {ours_s - floor_s:.2f} s over it (in the profiled step: "
+          f"{instep_s:.2f} s of matmuls, {profiled_s - instep_s:.2f} s of the rest)")
+    print(f"# total {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
