@@ -4,11 +4,13 @@
     python benchmarks/matmul_floor.py --variant bf16 --rounds 4
 
 1. One step of the variant (after warm-up) runs under PyTorch's profiler, which records every
-   matmul it makes (aten mm, addmm, bmm, baddbmm) with its shapes and its time inside the step.
-2. Each distinct matmul is then run alone, on fresh contiguous operands of the same shapes in the
-   step's compute dtype, and timed (median of --reps): the "floor" is the sum over the step's
-   matmuls of these times, what the step would take if norms, activations, softmax, the loss, the
-   optimizer and EMA were free and every matmul ran as fast as it does on its own.
+   matmul it makes (aten mm, addmm, bmm, baddbmm) with its operands' shapes, strides and dtypes
+   and its time inside the step.
+2. Each distinct matmul is then run alone, on fresh operands laid out the same way (a transposed
+   view stays one), and timed (median of --reps). The "floor" is the sum over the step's matmuls
+   of the faster of each one's two times (in the step, alone): what the step would take if norms,
+   activations, softmax, the loss, the optimizer and EMA were free and every matmul ran as fast as
+   it was seen to run in this run.
 3. The original loop (`orig-bf16`, or `orig-fp32` for an fp32 variant; train_step_variants.py) and
    the variant are timed side by side for --rounds rounds (one step each per round), so the last
    lines can say, in this run's numbers, the most any trainer could be ahead of the original loop
@@ -41,28 +43,47 @@ def matmul_events(trainer, batch):
     found = {}
     for e in prof.events():
         if e.name in MATMULS:
-            # The operands only: a call with out= records the output's shape after them.
+            # The operands only: a call with out= records the output after them.
             arity = 3 if e.name in ("aten::addmm", "aten::baddbmm") else 2
-            key = (e.name, tuple(tuple(s) for s in e.input_shapes[:arity]))
+            key = (e.name, *(tuple(tuple(x) for x in xs[:arity]) for xs in (e.structured_input_shapes,
+                                                                         e.structured_input_strides)),
+                   tuple(e.input_dtypes[:arity]))
             entry = found.setdefault(key, [0, 0.0])
             entry[0] += 1
             entry[1] += e.cpu_time_total / 1e6
     return found, step_s
 
 
-def operands(name: str, shapes, dtype):
-    """Contiguous operands for one recorded matmul; (callable, FLOPs)."""
-    make = lambda s: torch.randn(*s, dtype=torch.float32).to(dtype)  # noqa: E731
+DTYPES = {"float": torch.float32, "c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16, "double": torch.float64}
+
+
+def operand(shape, stride, dtype_name: str):
+    """A fresh tensor with the recorded shape, strides (a transposed weight stays transposed) and dtype."""
+    dtype = DTYPES.get(dtype_name, torch.float32)
+    return torch.empty_strided(shape, stride, dtype=dtype).copy_(torch.randn(shape))
+
+
+def operands(name: str, shapes, strides=None, dtypes=None):
+    """The recorded matmul on fresh operands of the same layout; (callable, FLOPs)."""
+    strides = strides or [torch.empty(s).stride() for s in shapes]
+    dtypes = dtypes or ["float"] * len(shapes)
+    tensors = [operand(*x) for x in zip(shapes, strides, dtypes)]
     if name in ("aten::addmm", "aten::baddbmm"):
-        bias, a, b = (make(s) for s in shapes)
+        bias, a, b = tensors
         fn = torch.addmm if name == "aten::addmm" else torch.baddbmm
         call = lambda: fn(bias, a, b)  # noqa: E731
     else:
-        a, b = (make(s) for s in shapes)
+        a, b = tensors
         call = lambda: torch.matmul(a, b)  # noqa: E731
     batch = a.shape[0] if a.dim() == 3 else 1
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     return call, 2 * batch * m * k * n
+
+
+def describe(shape, stride) -> str:
+    """`[m, n]`, with a T where the operand is a transposed view (its last dimension not the dense one)."""
+    transposed = len(shape) >= 2 and stride[-1] != 1 and shape[-1] > 1
+    return f"{list(shape)}{'T' if transposed else ''}"
 
 
 def time_alone(call, reps: int) -> float:
@@ -132,15 +153,18 @@ def main():
     dtype = trainer.amp_dtype or torch.float32
     del trainer, trainers
 
-    rows, floor_s, instep_s, flops = [], 0.0, 0.0, 0
-    for (name, shapes), (count, total) in sorted(found.items(), key=lambda kv: -kv[1][1]):
-        call, f = operands(name, shapes, dtype)
+    rows, floor_s, alone_s, instep_s, flops = [], 0.0, 0.0, 0.0, 0
+    for (name, shapes, strides, dtypes), (count, total) in sorted(found.items(), key=lambda kv: -kv[1][1]):
+        call, f = operands(name, shapes, strides, dtypes)
         alone = time_alone(call, args.reps)
-        floor_s += count * alone
+        # A shared machine's speed drifts between the step and the replay: each matmul counts at
+        # the faster of the two times seen, so the floor stays below what this run observed.
+        floor_s += count * min(alone, total / count)
         instep_s += total
+        alone_s += count * alone
         flops += count * f
-        rows.append((name[6:], " x ".join(str(list(s)) for s in shapes), count, 1e3 * total / count, 1e3 * alone,
-                     f / alone / 1e12))
+        rows.append((name[6:], " x ".join(describe(*x) for x in zip(shapes, strides)), count, 1e3 * total / count,
+                     1e3 * alone, f / alone / 1e12))
     orig_s, ours_s = (statistics.median(t) for t in times)
     ratios = sorted(o / t for o, t in zip(*times))
 
@@ -153,7 +177,7 @@ def main():
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.3f} |")
     print(f"# matmuls per step: {flops / 1e9:.1f} GFLOP; {instep_s:.2f} s inside the profiled step, "
-          f"{floor_s:.2f} s alone ({flops / floor_s / 1e12:.3f} TFLOP/s): the floor")
+          f"{alone_s:.2f} s alone; the faster of the two for each: {floor_s:.2f} s ({flops / floor_s / 1e12:.3f} TFLOP/s), the floor")
     print(f"# side by side, {args.rounds} rounds: {original} {orig_s:.2f} s/step, {args.variant} {ours_s:.2f} s/step, "
           f"ratio median {statistics.median(ratios):.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f})")
     print(f"# the most any step of this model could be ahead of {original} here: {orig_s / floor_s:.2f}x "

@@ -9,16 +9,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from matmul_floor import operands  # noqa: E402
+from matmul_floor import describe, operand, operands  # noqa: E402
 
 
 def test_operands_count_flops_of_each_matmul_kind():
     import torch
 
-    call, flops = operands("aten::addmm", ((6,), (4, 5), (5, 6)), torch.float32)
+    # The second operand recorded as a transposed view (strides (1, 5)) is rebuilt as one.
+    call, flops = operands("aten::addmm", ((6,), (4, 5), (5, 6)), ((1,), (5, 1), (1, 5)), ["float"] * 3)
     assert call().shape == (4, 6) and flops == 2 * 4 * 5 * 6
-    call, flops = operands("aten::bmm", ((3, 4, 5), (3, 5, 2)), torch.float32)
-    assert call().shape == (3, 4, 2) and flops == 2 * 3 * 4 * 5 * 2
+    call, flops = operands("aten::bmm", ((3, 4, 5), (3, 5, 2)), None, ["c10::BFloat16"] * 2)
+    out = call()
+    assert out.shape == (3, 4, 2) and out.dtype == torch.bfloat16 and flops == 2 * 3 * 4 * 5 * 2
+    assert operand((5, 6), (1, 5), "float").stride() == (1, 5)
+    assert describe((5, 6), (1, 5)) == "[5, 6]T" and describe((4, 5), (5, 1)) == "[4, 5]"
 
 
 def test_floor_table_and_budget_lines_agree():
@@ -33,10 +37,12 @@ def test_floor_table_and_budget_lines_agree():
     # Every block's fc1 runs forward as addmm over the batch's tokens: (batch*tokens, hidden) x (hidden, 4*hidden).
     fc1 = [r for r in rows if r[0] == "addmm" and f"[{batch * tokens}, {hidden}] x [{hidden}, {4 * hidden}]" in r[1]]
     assert len(fc1) == 1 and int(fc1[0][2]) == depth
-    floor_s = sum(int(r[2]) * float(r[4]) for r in rows) / 1e3
+    floor_s = sum(int(r[2]) * min(float(r[3]), float(r[4])) for r in rows) / 1e3
     line = next(x for x in out.stdout.splitlines() if x.startswith("# matmuls per step"))
-    printed_floor = float(re.search(r"([\d.]+) s alone", line).group(1))
+    printed_floor = float(re.search(r"the faster of the two for each: ([\d.]+) s", line).group(1))
+    alone = float(re.search(r"([\d.]+) s alone", line).group(1))
     assert abs(printed_floor - floor_s) <= 0.01 + 0.05 * floor_s  # the table's ms are rounded
+    assert printed_floor <= alone
     side = next(x for x in out.stdout.splitlines() if x.startswith("# side by side"))
     orig_s = float(re.search(r"orig-fp32 ([\d.]+) s/step", side).group(1))
     most = next(x for x in out.stdout.splitlines() if x.startswith("# the most any step"))
