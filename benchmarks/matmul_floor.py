@@ -15,6 +15,8 @@
    the variant are timed side by side for --rounds rounds (one step each per round), so the last
    lines can say, in this run's numbers, the most any trainer could be ahead of the original loop
    on this machine (original / floor) and what a target ratio leaves for everything but the matmuls.
+   As in train_step.py --interleave, the original loop runs with freed memory kept (the trainer
+   sets it for the whole process), which can only make it faster.
 """
 
 import argparse
@@ -33,7 +35,7 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
 def matmul_events(trainer, batch):
-    """(name, shapes) -> [count, total in-step seconds] over one profiled step, and the step's time."""
+    """(name, shapes, strides, dtypes) -> [count, total seconds in the step] over one profiled step; and its time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
@@ -98,7 +100,7 @@ def time_alone(call, reps: int) -> float:
 
 
 def side_by_side(args, names, batch, device):
-    """Median step time of each variant over `args.rounds` rounds of one step each, order rotated."""
+    """The variants' trainers, warmed up, and their step times over `args.rounds` rounds of one step each, order rotated."""
     trainers = []
     for name in names:
         v = parse_variant(name)
