@@ -29,7 +29,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_step_variants import build_trainer, make_batch, parse_variant, undone_changes, warm_up  # noqa: E402
+from train_step_interleave import paired_ratio, time_interleaved_keeping_trainers  # noqa: E402
+from train_step_variants import make_batch, parse_variant, undone_changes  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
@@ -99,27 +100,6 @@ def time_alone(call, reps: int) -> float:
     return statistics.median(times)
 
 
-def side_by_side(args, names, batch, device):
-    """The variants' trainers, warmed up, and their step times over `args.rounds` rounds of one step each, order rotated."""
-    trainers = []
-    for name in names:
-        v = parse_variant(name)
-        with undone_changes(v):
-            trainer = build_trainer(args, v)
-            warm_up(args, v, trainer, batch, device)
-        trainers.append((v, trainer))
-    times = [[] for _ in names]
-    for r in range(args.rounds):
-        for j in range(len(names)):
-            i = (j + r) % len(names)
-            v, trainer = trainers[i]
-            with undone_changes(v):
-                t0 = time.perf_counter()
-                trainer.train_step(batch)
-                times[i].append(time.perf_counter() - t0)
-    return trainers, times
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="DiT-S/2")
@@ -136,9 +116,10 @@ def main():
     ap.add_argument("--reps", type=int, default=9, help="timed runs of each distinct matmul alone")
     ap.add_argument("--target", type=float, default=1.5, help="a speed ratio to the original loop to budget for")
     args = ap.parse_args()
-    args.device, args.model_option = "cpu" if not torch.cuda.is_available() else "cuda", None
-    if args.device == "cuda":
+    if torch.cuda.is_available():
         raise SystemExit("matmul_floor.py times CPU steps with the CPU profiler; on a GPU use gpu_check.sh")
+    # What train_step_variants reads from train_step.py's arguments; --rounds are its interleaved rounds.
+    args.device, args.model_option, args.interleave = "cpu", None, args.rounds
     device = torch.device(args.device)
     variant = parse_variant(args.variant)
     if variant.get("original"):
@@ -146,14 +127,15 @@ def main():
     original = "orig-fp32" if variant["precision"] == "fp32" else "orig-bf16"
 
     start = time.perf_counter()
-    batch = make_batch(args, device)
-    trainers, times = side_by_side(args, [original, args.variant], batch, device)
-    (_, orig_trainer), (_, trainer) = trainers
+    # The original loop and the variant side by side, as train_step.py --interleave times them
+    # (which refuses what cannot share a process, such as +sysmalloc).
+    (orig_row, row), (orig_trainer, trainer) = time_interleaved_keeping_trainers(
+        args, [parse_variant(original), variant], device)
     del orig_trainer
     with undone_changes(variant):
-        found, profiled_s = matmul_events(trainer, batch)
+        found, profiled_s = matmul_events(trainer, make_batch(args, device))
     dtype = trainer.amp_dtype or torch.float32
-    del trainer, trainers
+    del trainer
 
     rows, floor_s, alone_s, instep_s, flops = [], 0.0, 0.0, 0.0, 0
     for (name, shapes, strides, dtypes), (count, total) in sorted(found.items(), key=lambda kv: -kv[1][1]):
@@ -167,8 +149,8 @@ def main():
         flops += count * f
         rows.append((name[6:], " x ".join(describe(*x) for x in zip(shapes, strides)), count, 1e3 * total / count,
                      1e3 * alone, f / alone / 1e12))
-    orig_s, ours_s = (statistics.median(t) for t in times)
-    ratios = sorted(o / t for o, t in zip(*times))
+    orig_s, ours_s = statistics.median(orig_row["times"]), statistics.median(row["times"])
+    ratio, lowest, highest = paired_ratio(orig_row, row)
 
     print(f"# benchmarks/matmul_floor.py  {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  "
           f"{os.cpu_count()} CPUs, {torch.get_num_threads()} threads")
@@ -181,7 +163,7 @@ def main():
     print(f"# matmuls per step: {flops / 1e9:.1f} GFLOP; {instep_s:.2f} s inside the profiled step, "
           f"{alone_s:.2f} s alone; the faster of the two for each: {floor_s:.2f} s ({flops / floor_s / 1e12:.3f} TFLOP/s), the floor")
     print(f"# side by side, {args.rounds} rounds: {original} {orig_s:.2f} s/step, {args.variant} {ours_s:.2f} s/step, "
-          f"ratio median {statistics.median(ratios):.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f})")
+          f"ratio median {ratio:.2f}x (rounds {lowest:.2f}-{highest:.2f})")
     print(f"# the most any step of this model could be ahead of {original} here: {orig_s / floor_s:.2f}x "
           f"({orig_s:.2f} / {floor_s:.2f} s)")
     budget = orig_s / args.target

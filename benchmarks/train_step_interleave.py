@@ -35,6 +35,14 @@ def check_interleavable(variants: list[dict]) -> None:
 
 def time_interleaved(args, variants: list[dict], device) -> list[dict]:
     """Rows as time_variant gives them; a row's `times` are its step times in round order."""
+    rows, trainers = time_interleaved_keeping_trainers(args, variants, device)
+    del trainers
+    gc.collect()
+    return rows
+
+
+def time_interleaved_keeping_trainers(args, variants: list[dict], device) -> tuple[list[dict], list]:
+    """time_interleaved's rows and the warmed-up trainers they timed, for a caller that measures more."""
     check_interleavable(variants)
     gc.collect()
     torch._dynamo.reset()
@@ -58,9 +66,7 @@ def time_interleaved(args, variants: list[dict], device) -> list[dict]:
                 after = resource.getrusage(resource.RUSAGE_SELF)
             rows[i]["sys_s"] += (after.ru_stime - before.ru_stime) / args.interleave
             rows[i]["minflt"] += (after.ru_minflt - before.ru_minflt) / args.interleave
-    del trainers
-    gc.collect()
-    return rows
+    return rows, trainers
 
 
 def paired_ratio(base: dict, row: dict) -> tuple[float, float, float]:
