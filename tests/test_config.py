@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from dit_trainer.config import Config, as_config, config_from_dict, load_config, parse_overrides, save_config
+from dit_trainer.config import Config, as_config, config_from_dict, load_config, parse_overrides, save_config, validate
 from dit_trainer.errors import ConfigError
 
 REQUIRED = ["model.name", "data.path", "train.max_steps", "train.global_batch_size", "train.seed", "optim.lr",
@@ -152,3 +152,24 @@ def test_hidden_size_not_a_multiple_of_4_is_one_line(name, heads, hint):
         load_config(None, ["--model.name", name, "--model.hidden_size", "66", "--model.num_heads", str(heads)])
     text = str(err.value)
     assert "model.hidden_size 66" in text and "multiple of 4" in text and hint in text and "\n" not in text
+
+
+def test_objective_auto_follows_the_model():
+    # SiT's releases are transport models; the rest are trained as diffusion unless the config says.
+    assert load_config(None, ["--model.name", "SiT-S/2"]).objective == "transport"
+    assert load_config(None, ["--model.name", "DiT-S/2"]).objective == "diffusion"
+    assert load_config(None, ["--model.name", "DiT-S/2", "--objective", "transport"]).objective == "transport"
+    # a name set after a first validation (a file, then the command line) still decides
+    cfg = config_from_dict({"model": {"name": "DiT-S/2"}})
+    cfg.model.name = "SiT-B/4"
+    assert validate(cfg).objective == "transport"
+    assert config_from_dict({"objective": "diffusion", "model": {"name": "SiT-S/2", "learn_sigma": False}}).objective \
+        == "diffusion"
+
+
+def test_sit_under_learned_sigma_diffusion_is_one_line():
+    # Before, training failed inside the diffusion loss on an output-shape assertion.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["--model.name", "SiT-S/2", "--objective", "diffusion"])
+    text = str(err.value)
+    assert "SiT-S/2" in text and "objective transport" in text and "DiT-S/2" in text and "\n" not in text

@@ -141,7 +141,7 @@ class ParallelConfig:
 @dataclass
 class Config:
     output_dir: str = "outputs/run"  # where checkpoints, metrics and samples go
-    objective: str = "diffusion"  # diffusion | transport: what the model learns and how it samples
+    objective: str = "auto"  # auto | diffusion | transport: what the model learns and how it samples; auto: what the model's releases used (transport for SiT, else diffusion)
     backend: str = "torch"  # torch | mindspore (the `mindspore` extra; DiT with the diffusion objective)
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
@@ -289,10 +289,23 @@ def validate(cfg: Config) -> Config:
     from dit_trainer.models.spec import family_options
 
     _apply_model_file(cfg)
+    _resolve_objective(cfg)
     check_values(cfg)
     elsewhere = [k for k in _all_keys() if not k.startswith("model.")]
     cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model, elsewhere)
     return cfg
+
+
+def _resolve_objective(cfg: Config) -> None:
+    """`objective: auto` becomes the model's own, so the run's config.yaml names what it trained."""
+    from dit_trainer.models.spec import objective_fits, release_objective
+
+    # A value an earlier validate() chose for `auto` follows a model name set after it (the
+    # command line's --model.name comes after the file), unless the user has set it since.
+    chosen = cfg.__dict__.get("_objective_from_auto")
+    if cfg.objective == "auto" or (cfg.objective == chosen and "objective" not in _set_keys(cfg)):
+        cfg.objective = cfg.__dict__["_objective_from_auto"] = release_objective(cfg.model.name)
+    objective_fits(cfg.model.name, cfg.objective, cfg.model.learn_sigma)
 
 
 def _apply_model_file(cfg: Config) -> None:

@@ -91,7 +91,7 @@ def check_values(cfg) -> None:
     from dit_trainer.objective import list_objectives
 
     if cfg.objective not in list_objectives():
-        raise ConfigError(f"objective {cfg.objective!r} is not one of {'|'.join(list_objectives())}")
+        raise ConfigError(f"objective {cfg.objective!r} is not one of {'|'.join(['auto', *list_objectives()])}")
     check_device_name(cfg.train.device, "train.device")
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):

@@ -81,8 +81,13 @@ def _resolve(target: str):
 
 
 def build_objective(cfg):
-    """The objective named by `cfg.objective` (default "diffusion"), built from `cfg`."""
-    name = getattr(cfg, "objective", None) or "diffusion"
+    """The objective named by `cfg.objective` ("auto" or unset: the model's own), built from `cfg`."""
+    name = getattr(cfg, "objective", None) or "auto"
+    if name == "auto":
+        from dit_trainer.models.spec import release_objective
+
+        model = getattr(cfg, "model", None)
+        name = release_objective(model.name) if model is not None else "diffusion"
     if name not in _FACTORIES:
         raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
     return _resolve(_FACTORIES[name])(cfg)

@@ -89,3 +89,21 @@ def test_paddlemix_large_dit_json_is_a_large_dit(tmp_path):
     dit.write_text(json.dumps({"sample_size": 32, "patch_size": 2, "in_channels": 4, "num_layers": 28,
                                "num_attention_heads": 16, "attention_head_dim": 72}))
     assert load_config(dit).model.name == "DiT-XL/2"
+
+
+def test_paddlemix_sit_json_is_a_sit_trained_as_transport(tmp_path):
+    # PaddleMIX's config/SiT_XL_patch2.json holds DiT's keys; its SiT script is what makes it SiT.
+    from dit_trainer.config import load_config
+    from dit_trainer.objective import build_objective
+    from dit_trainer.transport.objective import TransportObjective
+
+    keys = {"input_size": 8, "patch_size": 2, "in_channels": 4, "hidden_size": 64, "depth": 2, "num_heads": 2,
+            "mlp_ratio": 4.0, "class_dropout_prob": 0.1, "num_classes": 10, "learn_sigma": True}
+    sit, dit = tmp_path / "SiT_tiny_patch2.json", tmp_path / "DiT_tiny_patch2.json"
+    for path in (sit, dit):
+        path.write_text(json.dumps(keys))
+    cfg = load_config(sit)
+    assert cfg.model.name == "SiT-S/2" and cfg.objective == "transport"
+    assert isinstance(build_objective(cfg), TransportObjective)
+    other = load_config(dit)
+    assert other.model.name == "DiT-S/2" and other.objective == "diffusion"

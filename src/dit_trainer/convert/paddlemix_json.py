@@ -5,6 +5,9 @@ Two spellings occur: diffusers-style (`num_layers`, `num_attention_heads`, `atte
 `input_size`, ...). Either maps to a `model:` section dict that `config_from_dict` accepts.
 PaddleMIX's `config/LargeDiT_*.json` use the diffusers spelling for its DiT-LLaMA; like PaddleMIX,
 the file name (or a key only that model has) tells them apart, and they map to `LargeDiT-*/2`.
+Its `config/SiT_XL_patch2.json` holds the same keys as the DiT file (SiT is DiT's network trained
+as transport; PaddleMIX picks it by the script run), so the file name decides there too: `SiT_*`
+maps to `SiT-XL/2`, which `objective: auto` trains as SiT.
 """
 
 import json
@@ -55,6 +58,11 @@ def large_dit_config(data, source="config") -> dict:
     return cfg
 
 
+def is_sit(source) -> bool:
+    """Whether a PaddleMIX model JSON is its SiT's: only the file name tells (`config/SiT_XL_patch2.json`)."""
+    return PurePath(str(source)).name.startswith("SiT_")
+
+
 def model_config_from_paddlemix(data, source="config") -> dict:
     """Our model-config dict (`model:` section) from a PaddleMIX DiT or DiT-LLaMA JSON mapping."""
     try:
@@ -70,12 +78,15 @@ def model_config_from_paddlemix(data, source="config") -> dict:
         in_channels = int(data.get("in_channels", 4))
         out_channels = data.get("out_channels")
         learn_sigma = bool(data.get("learn_sigma", True)) if out_channels is None else int(out_channels) == 2 * in_channels
-        return model_config(depth, hidden, heads, int(data.get("patch_size", 2)), input_size, in_channels,
-                            int(data.get("num_classes", data.get("num_embeds_ada_norm", 1000))),
-                            learn_sigma=learn_sigma, class_dropout_prob=float(data.get("class_dropout_prob", 0.1)),
-                            mlp_ratio=float(data.get("mlp_ratio", 4.0)))
+        cfg = model_config(depth, hidden, heads, int(data.get("patch_size", 2)), input_size, in_channels,
+                           int(data.get("num_classes", data.get("num_embeds_ada_norm", 1000))),
+                           learn_sigma=learn_sigma, class_dropout_prob=float(data.get("class_dropout_prob", 0.1)),
+                           mlp_ratio=float(data.get("mlp_ratio", 4.0)))
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"{source}: not a PaddleMIX DiT config ({type(err).__name__}: {err})") from None
+    if is_sit(source):
+        cfg["name"] = "SiT" + cfg["name"][len("DiT"):]
+    return cfg
 
 
 def load_paddlemix_json(path) -> dict:

@@ -23,7 +23,7 @@ class ModelSpec:
     `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
     plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
     `state_dict_adapter` maps weights to and from released checkpoints; `flops_fn(model)` gives
-    the training FLOPs of one image (for MFU).
+    the training FLOPs of one image (for MFU); `objective` is what `objective: auto` trains it with.
     """
 
     name: str
@@ -35,6 +35,7 @@ class ModelSpec:
     clip_grad_fn: Optional[Callable] = None
     state_dict_adapter: Optional[Any] = None
     flops_fn: Optional[Callable] = None  # model -> training FLOPs per image (forward + backward), for MFU
+    objective: str = "diffusion"  # the objective its releases were trained with (`objective: auto`)
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""
@@ -67,6 +68,21 @@ def get_spec(name: str) -> ModelSpec:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"unknown model {name!r}{hint}; known models: {', '.join(_REGISTRY)}")
     return spec
+
+
+def release_objective(name: str) -> str:
+    """The objective model `name` was released with (`objective: auto`); diffusion for unknown names."""
+    spec = _lookup(name)
+    return spec.objective if spec is not None else "diffusion"
+
+
+def objective_fits(name: str, objective: str, learn_sigma: bool) -> None:
+    """A one-line error where `objective` cannot train model `name` (a SiT head under DDPM's learned sigma)."""
+    spec = _lookup(name)
+    if spec is not None and spec.objective == "transport" and objective == "diffusion" and learn_sigma:
+        raise ConfigError(f"model.name {spec.name} returns only its prediction channels, but objective diffusion with "
+                          "model.learn_sigma true also needs the variance ones: set objective transport (or auto), "
+                          f"model.learn_sigma false, or model.name {spec.name.replace('SiT', 'DiT', 1)}")
 
 
 def list_specs() -> list[str]:

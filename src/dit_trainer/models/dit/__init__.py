@@ -48,7 +48,7 @@ def _plan(name):
     return call
 
 
-def register_family(constructors: dict, family: str) -> None:
+def register_family(constructors: dict, family: str, objective: str = "diffusion") -> None:
     """Register one spec per constructor name (shared by families built on DiT's backbone)."""
     for name, ctor in constructors.items():
         register_spec(
@@ -62,6 +62,7 @@ def register_family(constructors: dict, family: str) -> None:
                 pipelining_fn=_plan("pipeline_dit"),
                 state_dict_adapter=DiTStateDictAdapter(),
                 flops_fn=dit_train_flops_per_image,
+                objective=objective,
             ),
         )
 

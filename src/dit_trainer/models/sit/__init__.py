@@ -5,6 +5,6 @@ state-dict adapter are DiT's: the parameter names are the same."""
 from dit_trainer.models.dit import register_family
 from dit_trainer.models.sit.model import SiT, SiT_models
 
-register_family(SiT_models, "sit")
+register_family(SiT_models, "sit", objective="transport")
 
 __all__ = ["SiT", "SiT_models"]
