@@ -47,3 +47,17 @@ def test_run_folder_without_checkpoint_says_so(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         L.load_model(tmp_path / "empty")
+
+
+def test_sit_weights_sample_as_transport(pt_and_json, tmp_path):
+    # A SiT release's .pt has DiT's tensor names: the model named (or PaddleMIX's SiT_ JSON) decides
+    # the head and, through objective auto, the sampler. Before, it sampled as DDPM diffusion.
+    from dit_trainer.models import SiT
+
+    pt, js, _ = pt_and_json
+    sit_json = tmp_path / "SiT_tiny_patch2.json"
+    sit_json.write_text(js.read_text())
+    model, cfg = L.load_model(pt, str(sit_json))
+    assert isinstance(model, SiT) and cfg.objective == "transport"
+    model, cfg = L.load_model(pt, str(js))
+    assert not isinstance(model, SiT) and cfg.objective == "diffusion"
