@@ -2,6 +2,7 @@
 
     python benchmarks/matmul_floor.py                      # DiT-S/2, batch 32, the default compiled bf16 step
     python benchmarks/matmul_floor.py --variant bf16 --rounds 4
+    python benchmarks/matmul_floor.py --kernels 12           # and the step's slowest fused C++ kernels
 
 1. One step of the variant (after warm-up) runs under PyTorch's profiler, which records every
    matmul it makes (aten mm, addmm, bmm, baddbmm) with its operands' shapes, strides and dtypes
@@ -35,16 +36,21 @@ from train_step_variants import make_batch, parse_variant, undone_changes  # noq
 MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
-def matmul_events(trainer, batch):
-    """(name, shapes, strides, dtypes) -> [count, total seconds in the step] over one profiled step; and its time."""
+def profiled_step(trainer, batch):
+    """The events of one profiled step and its time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         t0 = time.perf_counter()
         trainer.train_step(batch)
         step_s = time.perf_counter() - t0
+    return prof.events(), step_s
+
+
+def matmul_events(events):
+    """(name, shapes, strides, dtypes) -> [count, total seconds in the step] of a step's matmuls."""
     found = {}
-    for e in prof.events():
+    for e in events:
         if e.name in MATMULS:
             # The operands only: a call with out= records the output after them.
             arity = 3 if e.name in ("aten::addmm", "aten::baddbmm") else 2
@@ -54,7 +60,29 @@ def matmul_events(trainer, batch):
             entry = found.setdefault(key, [0, 0.0])
             entry[0] += 1
             entry[1] += e.cpu_time_total / 1e6
-    return found, step_s
+    return found
+
+
+def fused_kernels(events):
+    """name -> [count, total seconds] of the C++ kernels inductor generated, as recorded with
+    `torch._inductor.config.cpp.enable_kernel_profile` (named `graph_<n>_cpp_fused_<ops>_<k>`)."""
+    found = {}
+    for e in events:
+        if e.name.startswith("graph_") and "_cpp_fused_" in e.name:
+            entry = found.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.cpu_time_total / 1e6
+    return found
+
+
+def print_kernels(kernels: dict, top: int, step_s: float) -> None:
+    """The `top` fused kernels by time per step, and what all of them take."""
+    total = sum(t for _, t in kernels.values())
+    print("| fused kernel | per step | ms each | ms per step |")
+    print("|:--|--:|--:|--:|")
+    for name, (count, secs) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"| {name} | {count} | {1e3 * secs / count:.2f} | {1e3 * secs:.1f} |")
+    print(f"# fused kernels: {len(kernels)} distinct, {total:.2f} s of the profiled step's {step_s:.2f} s")
 
 
 DTYPES = {"float": torch.float32, "c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16, "double": torch.float64}
@@ -115,6 +143,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=9, help="timed runs of each distinct matmul alone")
     ap.add_argument("--target", type=float, default=1.5, help="a speed ratio to the original loop to budget for")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="also list the N slowest of the C++ kernels inductor generated for the step (compiled variants; "
+                         "turns on inductor's kernel profiling for the whole run)")
     args = ap.parse_args()
     if torch.cuda.is_available():
         raise SystemExit("matmul_floor.py times CPU steps with the CPU profiler; on a GPU use gpu_check.sh")
@@ -126,6 +157,11 @@ def main():
         raise SystemExit(f"--variant {args.variant}: give one of the trainer's variants; the original loop is timed anyway")
     original = "orig-fp32" if variant["precision"] == "fp32" else "orig-bf16"
 
+    if args.kernels:
+        import torch._inductor.config as inductor_config
+
+        # A compile-time switch: each generated kernel then records itself in the profiler.
+        inductor_config.cpp.enable_kernel_profile = True
     start = time.perf_counter()
     # The original loop and the variant side by side, as train_step.py --interleave times them
     # (which refuses what cannot share a process, such as +sysmalloc).
@@ -133,7 +169,8 @@ def main():
         args, [parse_variant(original), variant], device)
     del orig_trainer
     with undone_changes(variant):
-        found, profiled_s = matmul_events(trainer, make_batch(args, device))
+        events, profiled_s = profiled_step(trainer, make_batch(args, device))
+    found, kernels = matmul_events(events), fused_kernels(events)
     dtype = trainer.amp_dtype or torch.float32
     del trainer
 
@@ -170,6 +207,8 @@ def main():
     print(f"# {args.target:g}x {original} needs {budget:.2f} s/step, which leaves {budget - floor_s:.2f} s over the floor "
           f"for everything else; {args.variant} takes {ours_s - floor_s:.2f} s over it (in the profiled step: "
           f"{instep_s:.2f} s of matmuls, {profiled_s - instep_s:.2f} s of the rest)")
+    if args.kernels:
+        print_kernels(kernels, args.kernels, profiled_s)
     print(f"# total {time.perf_counter() - start:.0f} s")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from matmul_floor import describe, operand, operands  # noqa: E402
+from matmul_floor import describe, fused_kernels, operand, operands, print_kernels  # noqa: E402
 
 
 def test_operands_count_flops_of_each_matmul_kind():
@@ -48,3 +48,20 @@ def test_floor_table_and_budget_lines_agree():
     most = next(x for x in out.stdout.splitlines() if x.startswith("# the most any step"))
     ratio, num, den = map(float, re.search(r"here: ([\d.]+)x \(([\d.]+) / ([\d.]+) s\)", most).groups())
     assert num == orig_s and den == printed_floor and ratio > 0
+
+
+def test_fused_kernels_sum_inductor_kernels_only(capsys):
+    from types import SimpleNamespace
+
+    def event(name, us):
+        return SimpleNamespace(name=name, cpu_time_total=us)
+
+    events = [event("graph_1_cpp_fused_gelu_1", 5000), event("graph_1_cpp_fused_gelu_1", 7000),
+              event("graph_0_cpp_fused_softmax_3", 2000), event("aten::mm", 90000),
+              event("## Call CompiledFxGraph fxyz", 100000)]
+    kernels = fused_kernels(events)
+    assert kernels == {"graph_1_cpp_fused_gelu_1": [2, 0.012], "graph_0_cpp_fused_softmax_3": [1, 0.002]}
+    print_kernels(kernels, 1, 0.5)
+    out = capsys.readouterr().out
+    assert "| graph_1_cpp_fused_gelu_1 | 2 | 6.00 | 12.0 |" in out and "softmax" not in out
+    assert "2 distinct, 0.01 s of the profiled step's 0.50 s" in out
