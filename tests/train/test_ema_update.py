@@ -35,3 +35,13 @@ def test_frozen_parameters_are_copied_trained_ones_follow_dit():
     for (name, p), (_, ref) in zip(ema.named_parameters(), reference.named_parameters()):
         if name != "pos_embed":
             assert torch.equal(p, ref), name
+
+
+def test_decay_warmup_averages_over_fewer_steps_early():
+    from dit_trainer.train.ema import ema_decay_at
+
+    # (1 + step) / (10 + step): 0.1 at the first update, 0.91 at step 90, capped by the decay.
+    assert abs(ema_decay_at(0, 0.9999, True) - 0.1) < 1e-12
+    assert abs(ema_decay_at(90, 0.9999, True) - 0.91) < 1e-12
+    assert ema_decay_at(10**6, 0.9999, True) == 0.9999
+    assert {ema_decay_at(s, 0.9999, False) for s in (0, 1, 10**6)} == {0.9999}
