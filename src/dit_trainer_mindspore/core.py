@@ -60,6 +60,8 @@ def as_config(config) -> Config:
     unknown = sorted(set(cfg.model.options) - dit_fields)
     if unknown:
         raise ConfigError(f"model option {unknown[0]!r} is not a DiT option; use one of {', '.join(sorted(dit_fields))}")
+    if cfg.objective == "auto":
+        cfg.objective = "diffusion"  # what `auto` gives a DiT, the one family this backend builds
     return cfg
 
 
