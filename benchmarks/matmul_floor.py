@@ -47,32 +47,33 @@ def profiled_step(trainer, batch):
     return prof.events(), step_s
 
 
+def tally(keyed_events):
+    """key -> [count, total seconds] over (key, profiler event) pairs."""
+    found = {}
+    for key, e in keyed_events:
+        entry = found.setdefault(key, [0, 0.0])
+        entry[0] += 1
+        entry[1] += e.cpu_time_total / 1e6
+    return found
+
+
+def matmul_key(e):
+    """(name, shapes, strides, dtypes) of a matmul event's operands (a call with out= records the output after them)."""
+    arity = 3 if e.name in ("aten::addmm", "aten::baddbmm") else 2
+    return (e.name, *(tuple(tuple(x) for x in xs[:arity]) for xs in (e.structured_input_shapes,
+                                                                 e.structured_input_strides)),
+            tuple(e.input_dtypes[:arity]))
+
+
 def matmul_events(events):
     """(name, shapes, strides, dtypes) -> [count, total seconds in the step] of a step's matmuls."""
-    found = {}
-    for e in events:
-        if e.name in MATMULS:
-            # The operands only: a call with out= records the output after them.
-            arity = 3 if e.name in ("aten::addmm", "aten::baddbmm") else 2
-            key = (e.name, *(tuple(tuple(x) for x in xs[:arity]) for xs in (e.structured_input_shapes,
-                                                                         e.structured_input_strides)),
-                   tuple(e.input_dtypes[:arity]))
-            entry = found.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.cpu_time_total / 1e6
-    return found
+    return tally((matmul_key(e), e) for e in events if e.name in MATMULS)
 
 
 def fused_kernels(events):
     """name -> [count, total seconds] of the C++ kernels inductor generated, as recorded with
     `torch._inductor.config.cpp.enable_kernel_profile` (named `graph_<n>_cpp_fused_<ops>_<k>`)."""
-    found = {}
-    for e in events:
-        if e.name.startswith("graph_") and "_cpp_fused_" in e.name:
-            entry = found.setdefault(e.name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.cpu_time_total / 1e6
-    return found
+    return tally((e.name, e) for e in events if e.name.startswith("graph_") and "_cpp_fused_" in e.name)
 
 
 def print_kernels(kernels: dict, top: int, step_s: float) -> None:
