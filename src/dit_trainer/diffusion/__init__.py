@@ -1,65 +1,21 @@
-"""Gaussian diffusion with the numerics and API of facebookresearch/DiT's ``diffusion`` package."""
+"""Gaussian diffusion with the numerics and API of facebookresearch/DiT's ``diffusion`` package.
 
-from . import gaussian_diffusion as gd
-from .gaussian_diffusion import GaussianDiffusion, LossType, ModelMeanType, ModelVarType
-from .respace import SpacedDiffusion, space_timesteps
-from .schedules import get_named_beta_schedule
-from .timestep_sampler import (
-    LossSecondMomentResampler,
-    UniformSampler,
-    create_named_schedule_sampler,
-)
+Names load on first use: `diffusion.schedules` (the float64 beta schedules) is torch-free and
+shared with the MindSpore backend, which imports it without torch.
+"""
 
-__all__ = [
-    "create_diffusion",
-    "create_named_schedule_sampler",
-    "GaussianDiffusion",
-    "SpacedDiffusion",
-    "space_timesteps",
-    "get_named_beta_schedule",
-    "LossType",
-    "ModelMeanType",
-    "ModelVarType",
-    "UniformSampler",
-    "LossSecondMomentResampler",
-]
+from dit_trainer.lazy import lazy_exports
 
+_LAZY = {
+    "create_diffusion": "factory",
+    "GaussianDiffusion": "gaussian_diffusion", "LossType": "gaussian_diffusion",
+    "ModelMeanType": "gaussian_diffusion", "ModelVarType": "gaussian_diffusion",
+    "SpacedDiffusion": "respace", "space_timesteps": "respace",
+    "get_named_beta_schedule": "schedules",
+    "LossSecondMomentResampler": "timestep_sampler", "UniformSampler": "timestep_sampler",
+    "create_named_schedule_sampler": "timestep_sampler",
+}
 
-def create_diffusion(
-    timestep_respacing="",
-    noise_schedule="linear",
-    use_kl=False,
-    sigma_small=False,
-    predict_xstart=False,
-    learn_sigma=True,
-    rescale_learned_sigmas=False,
-    diffusion_steps=1000,
-):
-    """Build the (respaced) diffusion DiT trains and samples with; "" or None keeps every step.
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
-    ``timestep_respacing`` takes "250", "ddim25" or section lists like "10,20,30" (see
-    ``space_timesteps``). Even without respacing the result is a SpacedDiffusion whose betas are
-    recomputed from alphas_cumprod, exactly as in the reference, so the float64 round-off matches.
-    """
-    betas = get_named_beta_schedule(noise_schedule, diffusion_steps)
-    if use_kl:
-        loss_type = LossType.RESCALED_KL
-    elif rescale_learned_sigmas:
-        loss_type = LossType.RESCALED_MSE
-    else:
-        loss_type = LossType.MSE
-    if timestep_respacing is None or timestep_respacing == "":
-        timestep_respacing = [diffusion_steps]
-    if learn_sigma:
-        var_type = ModelVarType.LEARNED_RANGE
-    elif sigma_small:
-        var_type = ModelVarType.FIXED_SMALL
-    else:
-        var_type = ModelVarType.FIXED_LARGE
-    return SpacedDiffusion(
-        use_timesteps=space_timesteps(diffusion_steps, timestep_respacing),
-        betas=betas,
-        model_mean_type=ModelMeanType.START_X if predict_xstart else ModelMeanType.EPSILON,
-        model_var_type=var_type,
-        loss_type=loss_type,
-    )
+__all__ = sorted(_LAZY)

@@ -1,11 +1,14 @@
 """Model families and the registry that finds them by name.
 
 Each family is a folder that registers its specs when imported; adding a family is its folder
-plus one name in `FAMILIES`.
+plus one name in `FAMILIES`. Registering imports no torch (a spec builds its model on first use),
+so reading and checking a config, and `dit --help`, stay torch-free; the model classes below load
+on first use.
 """
 
 import importlib
 
+from dit_trainer.lazy import lazy_exports
 from dit_trainer.models.spec import ModelSpec, get_spec, list_specs, register_spec
 
 FAMILIES = (
@@ -16,23 +19,13 @@ FAMILIES = (
 for _family in FAMILIES:
     importlib.import_module(_family)
 
-from dit_trainer.models.dit import DiT, DiT_models, DiTBlock, FinalLayer, LabelEmbedder, TimestepEmbedder, modulate  # noqa: E402
+_DIT = "dit_trainer.models.dit.model"
+_LAZY = {
+    **{name: _DIT for name in ("DiT", "DiT_models", "DiTBlock", "FinalLayer", "LabelEmbedder", "TimestepEmbedder",
+                               "modulate")},
+    "SiT": "dit_trainer.models.sit.model", "SiT_models": "dit_trainer.models.sit.model",
+}
 
-from dit_trainer.models.sit import SiT, SiT_models  # noqa: E402
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
-__all__ = [
-    "DiT",
-    "DiT_models",
-    "SiT",
-    "SiT_models",
-    "DiTBlock",
-    "FinalLayer",
-    "LabelEmbedder",
-    "TimestepEmbedder",
-    "modulate",
-    "FAMILIES",
-    "ModelSpec",
-    "get_spec",
-    "list_specs",
-    "register_spec",
-]
+__all__ = [*_LAZY, "FAMILIES", "ModelSpec", "get_spec", "list_specs", "register_spec"]

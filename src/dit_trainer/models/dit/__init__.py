@@ -1,35 +1,35 @@
 """The DiT family (Peebles & Xie, 2023): model, options, parallel plan and state-dict adapter,
-registered under the release's names ("DiT-XL/2", ...)."""
+registered under the release's names ("DiT-XL/2", ...).
 
+Registering imports no torch: each spec builds its model (and counts its FLOPs) by importing
+`model.py` when first asked, so a config can be checked, and `objective: auto` resolved, without
+torch (the MindSpore backend does both). The model's classes load on first use too.
+"""
+
+import importlib
+
+from dit_trainer.lazy import lazy_exports
 from dit_trainer.models.dit.config import DiTConfig
-from dit_trainer.models.dit.flops import dit_train_flops_per_image
-from dit_trainer.models.dit.model import (  # noqa: F401 (the release's constructor names are public)
-    DiT,
-    DiT_B_2,
-    DiT_B_4,
-    DiT_B_8,
-    DiT_L_2,
-    DiT_L_4,
-    DiT_L_8,
-    DiT_models,
-    DiT_S_2,
-    DiT_S_4,
-    DiT_S_8,
-    DiT_XL_2,
-    DiT_XL_4,
-    DiT_XL_8,
-    DiTBlock,
-    FinalLayer,
-    LabelEmbedder,
-    TimestepEmbedder,
-    modulate,
-)
+from dit_trainer.models.dit.sizes import PATCHES, SIZES
 from dit_trainer.models.dit.state_dict import DiTStateDictAdapter
 from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
 
+_MODEL = "dit_trainer.models.dit.model"
+_CONSTRUCTORS = [f"DiT_{size}_{patch}" for size in SIZES for patch in PATCHES]
+_LAZY = {
+    **{name: _MODEL for name in ("DiT", "DiT_models", "DiTBlock", "FinalLayer", "LabelEmbedder", "TimestepEmbedder",
+                                 "modulate", *_CONSTRUCTORS)},
+    "dit_train_flops_per_image": "dit_trainer.models.dit.flops",
+}
 
-def _builder(ctor):
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
+
+
+def _builder(table: str, name: str):
+    module, _, attr = table.partition(":")
+
     def build(cfg):
+        ctor = getattr(importlib.import_module(module), attr)[name]
         shared, family = build_kwargs(cfg, DiTConfig)
         sizes = {k: v for k, v in vars(family).items() if v is not None}
         return ctor(**shared, **sizes)
@@ -37,37 +37,38 @@ def _builder(ctor):
     return build
 
 
-def _plan(name):
-    # The plan imports torch.distributed; load it when a run asks for it, not with the model.
+def _lazy_call(module: str, name: str):
+    # The plan imports torch.distributed and the FLOP count torch.nn: load them when a run asks.
     def call(*args, **kwargs):
-        from dit_trainer.models.dit import parallelize
-
-        return getattr(parallelize, name)(*args, **kwargs)
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
     call.__name__ = name
     return call
 
 
-def register_family(constructors: dict, family: str, objective: str = "diffusion") -> None:
-    """Register one spec per constructor name (shared by families built on DiT's backbone)."""
-    for name, ctor in constructors.items():
-        register_spec(
-            name,
-            ModelSpec(
-                name=name,
-                family=family,
-                build_model_fn=_builder(ctor),
-                config_cls=DiTConfig,
-                parallelize_fn=_plan("parallelize_dit"),
-                pipelining_fn=_plan("pipeline_dit"),
-                state_dict_adapter=DiTStateDictAdapter(),
-                flops_fn=dit_train_flops_per_image,
-                objective=objective,
-            ),
-        )
+def register_family(prefix: str, table: str, family: str, objective: str = "diffusion") -> None:
+    """Register "{prefix}-{S,B,L,XL}/{2,4,8}", built from the constructor dict `table`
+    ("module:attr"), for a family on DiT's backbone (DiT itself, SiT)."""
+    plan = "dit_trainer.models.dit.parallelize"
+    for size in SIZES:
+        for patch in PATCHES:
+            name = f"{prefix}-{size}/{patch}"
+            register_spec(
+                name,
+                ModelSpec(
+                    name=name,
+                    family=family,
+                    build_model_fn=_builder(table, name),
+                    config_cls=DiTConfig,
+                    parallelize_fn=_lazy_call(plan, "parallelize_dit"),
+                    pipelining_fn=_lazy_call(plan, "pipeline_dit"),
+                    state_dict_adapter=DiTStateDictAdapter(),
+                    flops_fn=_lazy_call("dit_trainer.models.dit.flops", "dit_train_flops_per_image"),
+                    objective=objective,
+                ),
+            )
 
 
-register_family(DiT_models, "dit")
+register_family("DiT", f"{_MODEL}:DiT_models", "dit")
 
-__all__ = ["DiT", "DiT_models", "DiTBlock", "DiTConfig", "DiTStateDictAdapter", "FinalLayer", "LabelEmbedder",
-           "TimestepEmbedder", "modulate", "register_family"]
+__all__ = [*_LAZY, "DiTConfig", "DiTStateDictAdapter", "register_family"]

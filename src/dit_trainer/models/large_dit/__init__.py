@@ -2,53 +2,38 @@
 adapter, registered as `LargeDiT-<size>/2` and under the release's names (`DiT_Llama_<size>_patch2`).
 
 Size fields can be overridden from `cfg.model` (`dim`, `n_layers`, `n_heads`, ...) to build small
-members of the family for tests and demos.
+members of the family for tests and demos. Registering imports no torch; the model loads on use.
 """
 
-from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
-from dit_trainer.models.large_dit.layers import swiglu_hidden
-from dit_trainer.models.large_dit.model import DiT_Llama
+import importlib
+
+from dit_trainer.lazy import lazy_exports
+from dit_trainer.models.large_dit.config import LargeDiTConfig
+from dit_trainer.models.large_dit.sizes import SIZES
 from dit_trainer.models.large_dit.state_dict import LargeDiTStateDictAdapter
-from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
+from dit_trainer.models.spec import ModelSpec, register_spec
 
-# (dim, n_layers, n_heads) of the release's three sizes, all with 2×2 patches.
-SIZES = {"600M": (1536, 16, 32), "3B": (3072, 32, 32), "7B": (4096, 32, 32)}
+_MODEL = "dit_trainer.models.large_dit.model"
+_LAZY = {
+    **{name: _MODEL for name in ("DiT_Llama", "DiT_Llama_models", "DiT_Llama_600M_patch2", "DiT_Llama_3B_patch2",
+                                 "DiT_Llama_7B_patch2", "build_large_dit")},
+    "swiglu_hidden": "dit_trainer.models.large_dit.layers",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
-def _constructor(size, patch=2):
-    dim, n_layers, n_heads = SIZES[size]
+def _build(size):
+    def build(cfg):
+        return importlib.import_module(_MODEL).build_large_dit(cfg, size)
 
-    def build(**kwargs):
-        return DiT_Llama(**{"patch_size": patch, "dim": dim, "n_layers": n_layers, "n_heads": n_heads, **kwargs})
-
-    build.__name__ = f"DiT_Llama_{size}_patch{patch}"
-    build.__doc__ = f"LargeDiT-{size}/{patch}: dim {dim}, {n_layers} layers, {n_heads} heads, patch {patch}."
     return build
-
-
-DiT_Llama_models = {f"LargeDiT-{size}/2": _constructor(size) for size in SIZES}
-DiT_Llama_600M_patch2 = DiT_Llama_models["LargeDiT-600M/2"]
-DiT_Llama_3B_patch2 = DiT_Llama_models["LargeDiT-3B/2"]
-DiT_Llama_7B_patch2 = DiT_Llama_models["LargeDiT-7B/2"]
-
-
-def build_large_dit(cfg, size):
-    """A DiT_Llama of `size` from a Config, a ModelConfig or a mapping (family keys override)."""
-    shared, family = build_kwargs(cfg, LargeDiTConfig)
-    options = dict(vars(family))
-    for key, value in zip(("dim", "n_layers", "n_heads"), SIZES[size]):
-        if options[key] is None:  # None keeps the named size's value
-            options[key] = value
-    check_sizes(options["dim"], options["n_heads"], options["n_kv_heads"])
-    return DiT_Llama(**shared, **options)
 
 
 def _plan(name):
     # The plan imports torch.distributed; load it when a run asks for it, not with the model.
     def call(*args, **kwargs):
-        from dit_trainer.models.large_dit import parallelize
-
-        return getattr(parallelize, name)(*args, **kwargs)
+        return getattr(importlib.import_module("dit_trainer.models.large_dit.parallelize"), name)(*args, **kwargs)
 
     call.__name__ = name
     return call
@@ -59,7 +44,7 @@ def _register():
         spec = ModelSpec(
             name=f"LargeDiT-{size}/2",
             family="large_dit",
-            build_model_fn=lambda cfg, size=size: build_large_dit(cfg, size),
+            build_model_fn=_build(size),
             config_cls=LargeDiTConfig,
             parallelize_fn=_plan("parallelize_large_dit"),
             pipelining_fn=_plan("pipeline_large_dit"),
@@ -71,15 +56,4 @@ def _register():
 
 _register()
 
-__all__ = [
-    "DiT_Llama",
-    "DiT_Llama_models",
-    "DiT_Llama_600M_patch2",
-    "DiT_Llama_3B_patch2",
-    "DiT_Llama_7B_patch2",
-    "LargeDiTConfig",
-    "LargeDiTStateDictAdapter",
-    "SIZES",
-    "build_large_dit",
-    "swiglu_hidden",
-]
+__all__ = [*_LAZY, "LargeDiTConfig", "LargeDiTStateDictAdapter", "SIZES"]

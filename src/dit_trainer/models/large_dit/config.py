@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.models.large_dit.sizes import SIZES
 
 
 @dataclass
@@ -28,9 +29,6 @@ class LargeDiTConfig:
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"model.{key} is {value!r}; it must be a positive number")
-        # Imported here: the package imports this module before it defines SIZES.
-        from dit_trainer.models.large_dit import SIZES
-
         size = str(name).removeprefix("LargeDiT-").split("/")[0]
         if size in SIZES:
             dim, _, n_heads = SIZES[size]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate
 
 from dit_trainer.models.attention import attention
-from dit_trainer.models.dit import modulate
+from dit_trainer.models.dit.model import modulate
 
 
 def rope_cos_sin(head_dim: int, n_tokens: int, theta: float = 10000.0, device=None):

@@ -10,9 +10,12 @@ with `learn_sigma`, the variance interpolation, as in DiT.
 import torch
 import torch.nn as nn
 
-from dit_trainer.models.dit import LabelEmbedder
-from dit_trainer.models.dit import TimestepEmbedder as _DiTTimestepEmbedder
+from dit_trainer.models.dit.model import LabelEmbedder
+from dit_trainer.models.dit.model import TimestepEmbedder as _DiTTimestepEmbedder
+from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
 from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, cond_dim
+from dit_trainer.models.large_dit.sizes import SIZES
+from dit_trainer.models.spec import build_kwargs
 
 
 class TimestepEmbedder(_DiTTimestepEmbedder):
@@ -156,3 +159,31 @@ class DiT_Llama(nn.Module):
         cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
         half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
         return torch.cat([torch.cat([half_eps, half_eps], dim=0), rest], dim=1)
+
+
+def _constructor(size, patch=2):
+    dim, n_layers, n_heads = SIZES[size]
+
+    def build(**kwargs):
+        return DiT_Llama(**{"patch_size": patch, "dim": dim, "n_layers": n_layers, "n_heads": n_heads, **kwargs})
+
+    build.__name__ = f"DiT_Llama_{size}_patch{patch}"
+    build.__doc__ = f"LargeDiT-{size}/{patch}: dim {dim}, {n_layers} layers, {n_heads} heads, patch {patch}."
+    return build
+
+
+DiT_Llama_models = {f"LargeDiT-{size}/2": _constructor(size) for size in SIZES}
+DiT_Llama_600M_patch2 = DiT_Llama_models["LargeDiT-600M/2"]
+DiT_Llama_3B_patch2 = DiT_Llama_models["LargeDiT-3B/2"]
+DiT_Llama_7B_patch2 = DiT_Llama_models["LargeDiT-7B/2"]
+
+
+def build_large_dit(cfg, size):
+    """A DiT_Llama of `size` from a Config, a ModelConfig or a mapping (family keys override)."""
+    shared, family = build_kwargs(cfg, LargeDiTConfig)
+    options = dict(vars(family))
+    for key, value in zip(("dim", "n_layers", "n_heads"), SIZES[size]):
+        if options[key] is None:  # None keeps the named size's value
+            options[key] = value
+    check_sizes(options["dim"], options["n_heads"], options["n_kv_heads"])
+    return DiT_Llama(**shared, **options)

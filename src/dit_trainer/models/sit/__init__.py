@@ -2,9 +2,13 @@
 registered under the release's names ("SiT-XL/2", ...). Its options, parallel plan and
 state-dict adapter are DiT's: the parameter names are the same."""
 
+from dit_trainer.lazy import lazy_exports
 from dit_trainer.models.dit import register_family
-from dit_trainer.models.sit.model import SiT, SiT_models
 
-register_family(SiT_models, "sit", objective="transport")
+_LAZY = {"SiT": "dit_trainer.models.sit.model", "SiT_models": "dit_trainer.models.sit.model"}
 
-__all__ = ["SiT", "SiT_models"]
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
+
+register_family("SiT", "dit_trainer.models.sit.model:SiT_models", "sit", objective="transport")
+
+__all__ = list(_LAZY)
