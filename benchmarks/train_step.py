@@ -85,7 +85,7 @@ def cpu_name() -> str:
 
 def native_bf16(device) -> bool:
     """Whether bf16 matmuls have hardware support here: what the trainer asks before it autocasts."""
-    from dit_trainer.train.backends import resolve_amp_dtype
+    from dit_trainer.train.choices import resolve_amp_dtype
 
     return resolve_amp_dtype("bf16", device) is not None
 

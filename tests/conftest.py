@@ -15,7 +15,7 @@ def pt_and_json(tmp_path):
     import torch
 
     from dit_trainer.convert.model_config import build_dit
-    from dit_trainer.model_file import load_model_file
+    from dit_trainer.config.model_file import load_model_file
 
     path = tmp_path / "DiT.json"
     path.write_text(json.dumps(TINY_PADDLEMIX_JSON))

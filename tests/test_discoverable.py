@@ -9,7 +9,7 @@ import yaml
 
 import dit_trainer
 from dit_trainer.cli import build_parser, main
-from dit_trainer.config_doc import config_docs, markdown
+from dit_trainer.config.doc import config_docs, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model.name", "DiT-S/4", "--model.depth", "2", "--model.hidden_size", "64", "--model.num_heads", "4",
@@ -86,7 +86,7 @@ def test_dir_shows_public_names():
 
 def test_checked_in_config_reference_matches():
     assert (ROOT / "docs" / "config.md").read_text() == markdown(), (
-        "docs/config.md is stale: run python -m dit_trainer.config_doc docs/config.md")
+        "docs/config.md is stale: run python -m dit_trainer.config.doc docs/config.md")
 
 
 def test_parser_builds_with_every_command():

@@ -1,5 +1,5 @@
 """host_memory.keep_freed_memory: large blocks freed and allocated again stop page-faulting; the
-trainer applies it on CPU unless `train.keep_freed_memory` is false, and so do the commands that
+trainer applies it on CPU by itself, and so do the commands that
 compute on a CPU unless `--keep-freed-memory false`. Each case runs in a fresh
 process, since the setting is process-wide and cannot be undone."""
 
@@ -54,25 +54,22 @@ from dit_trainer.host_memory import freed_memory_kept
 from dit_trainer.train import DiTTrainer
 DiTTrainer({"model": {"name": "DiT-S/8", "input_size": 8, "depth": 1, "hidden_size": 32, "num_heads": 2,
                       "num_classes": 4},
-            "train": {"device": "cpu", "global_batch_size": 2, "keep_freed_memory": sys.argv[1] == "on"},
-            "logging": {"progress": False, "tensorboard": False}, "output_dir": sys.argv[2]})
+            "train": {"device": "cpu", "global_batch_size": 2},
+            "logging": {"progress": False, "tensorboard": False}, "output_dir": sys.argv[1]})
 print(freed_memory_kept())
 """
 
 
 @glibc_only
-@pytest.mark.parametrize("setting", ["on", "off"])
-def test_trainer_applies_it_on_cpu_unless_switched_off(tmp_path, setting):
-    out = subprocess.run([sys.executable, "-c", TRAINER, setting, str(tmp_path)], capture_output=True, text=True,
-                         timeout=300)
+def test_trainer_applies_it_on_cpu(tmp_path):
+    out = subprocess.run([sys.executable, "-c", TRAINER, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == ("True" if setting == "on" else "False")
+    assert out.stdout.split()[-1] == "True"
 
 
 RULES = r"""
 from dit_trainer.host_memory import freed_memory_kept, keep_freed_memory_on
 assert keep_freed_memory_on("cuda") is False  # GPU runs leave the host's malloc alone
-assert keep_freed_memory_on("cpu", False) is False
 assert keep_freed_memory_on("not a device") is False  # the command's own check words that error
 assert not freed_memory_kept()
 assert keep_freed_memory_on("cpu") is True and freed_memory_kept()
@@ -81,7 +78,7 @@ print("ok")
 
 
 @glibc_only
-def test_keep_freed_memory_on_applies_only_to_cpu_devices_unless_false():
+def test_keep_freed_memory_on_applies_only_to_cpu_devices():
     out = subprocess.run([sys.executable, "-c", RULES], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.split()[-1] == "ok", out.stderr[-2000:]
 
@@ -123,9 +120,8 @@ def _extract_args(tmp_path):
 
 @glibc_only
 @pytest.mark.parametrize("command", ["eval", "extract"])
-@pytest.mark.parametrize("flag", [[], ["--keep-freed-memory", "false"]])
-def test_cpu_commands_keep_freed_memory_unless_told_not_to(tmp_path, command, flag):
-    args = {"eval": _eval_args, "extract": _extract_args}[command](tmp_path) + flag
+def test_cpu_commands_keep_freed_memory(tmp_path, command):
+    args = {"eval": _eval_args, "extract": _extract_args}[command](tmp_path)
     out = subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == ("False" if flag else "True")
+    assert out.stdout.split()[-1] == "True"

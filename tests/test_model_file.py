@@ -7,7 +7,7 @@ import yaml
 
 from dit_trainer.config import load_config
 from dit_trainer.errors import ConfigError
-from dit_trainer.model_file import load_model_file
+from dit_trainer.config.model_file import load_model_file
 
 # diffusers-style keys, as PaddleMIX's DiT JSON spells them; a toy size (hidden 2 x 16 = 32).
 TINY_JSON = {"_class_name": "DiTTransformer2DModel", "num_layers": 2, "num_attention_heads": 2,

@@ -7,7 +7,7 @@ def resolve_device(name: str, key: str = "train.device"):
     """"auto" picks CUDA when present, else CPU; asking for an absent CUDA device is a one-line error naming `key`."""
     import torch
 
-    from dit_trainer.config_checks import check_device_name
+    from dit_trainer.config.checks import check_device_name
 
     check_device_name(name, key)
     if name == "auto":

@@ -2,21 +2,17 @@
 
 glibc serves a block above its mmap threshold (which grows with the blocks freed, to at most
 32 MiB on 64-bit) with a fresh mmap and returns it to the kernel on free. A DiT step frees and
-allocates the same large activations every step (at DiT-S/2, batch 32, an fp32 MLP hidden state
-is 48 MiB), so every step page-faults them back in as zeroed pages (benchmarks/train_step.py's
-`+sysmalloc` row on a 2-core AVX2 CPU: 862,512 minor faults and 5.37 s of kernel CPU time per
-compiled fp32 step). With mmap off and the heap never trimmed, freed blocks stay in the
-heap and the next step reuses them: one fault per step there, for 3% more peak memory (the step's
-allocations repeat, so the heap stops growing after the first steps). The setting is process-wide and
-glibc has no way back to its dynamic threshold, so it is applied once and left on.
+allocates the same large activations every step, so every step would page-fault them back in as
+zeroed pages, costing kernel time comparable to the step's own arithmetic on a small CPU. With
+mmap off and the heap never trimmed, freed blocks stay in the heap and the next step reuses them
+(the step's allocations repeat, so the heap stops growing after the first steps). The setting is
+process-wide and glibc has no way back to its dynamic threshold, so it is applied once and left on.
 
-The commands that compute on a CPU without a trainer (`dit sample`, `sample-ddp`, `eval`,
-`extract`) apply it too: inference frees each activation as the forward goes, so they faulted as
-much (benchmarks/malloc.py: 2.5-3.1M minor faults per batch of DiT sampling, FID Inception
-features or an SD-size VAE encode; 1.33x, 1.52x and 1.36x images/s kept), at a price where layer
-sizes vary: blocks that do not fit the next request stay in the heap (1.9x and 1.44x peak RSS for
-Inception and the VAE; a DiT's repeated block sizes grew it 2%). Library functions (`sample_latents`, `run_extract`, ...) do not
-apply it: a process-wide setting is the caller's to choose.
+The trainer and the commands that compute on a CPU (`dit sample`, `sample-ddp`, `eval`, `extract`)
+apply it by themselves: inference frees each activation as the forward goes and faulted as much.
+Where layer sizes vary (Inception, a VAE) blocks that do not fit the next request stay in the heap,
+so the process keeps a larger heap than its peak of live tensors. Library functions
+(`sample_latents`, `run_extract`, ...) do not apply it: a process-wide setting is the caller's.
 """
 
 import ctypes
@@ -62,19 +58,9 @@ def freed_memory_kept() -> bool:
     return _applied
 
 
-def add_keep_freed_memory_argument(parser) -> None:
-    """The `--keep-freed-memory true|false` flag of the commands that compute on a CPU."""
-    parser.add_argument("--keep-freed-memory", choices=("true", "false"), default="true",
-                        help="on CPU: keep freed blocks in glibc's heap instead of unmapping and page-faulting them "
-                             "back every batch: faster, but the process keeps the heap it reached, up to ~2x the "
-                             "peak RSS where layer sizes vary (Inception, VAE)")
-
-
-def keep_freed_memory_on(device, enabled: bool = True) -> bool:
-    """Apply keep_freed_memory if `enabled` and `device` (a name, a torch.device, or None for CUDA
-    when available, else CPU) is a CPU: the trainer's and the commands' one rule; True once in effect."""
-    if not enabled:
-        return False
+def keep_freed_memory_on(device) -> bool:
+    """Apply keep_freed_memory if `device` (a name, a torch.device, or None for CUDA when available,
+    else CPU) is a CPU: the trainer's and the commands' one rule; True once in effect."""
     import torch
 
     try:

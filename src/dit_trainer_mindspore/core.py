@@ -1,6 +1,6 @@
 """The torch-free core of dit_trainer that this backend shares: config, errors, sizes, schedules.
 
-`dit_trainer.config`, `dit_trainer.typed` and `dit_trainer.errors` import no torch. The DiT size
+`dit_trainer.config`, `dit_trainer.config.typed` and `dit_trainer.errors` import no torch. The DiT size
 table (`models/dit/sizes.py`) and the beta schedules (`diffusion/schedules.py`) are torch-free
 files too, but their packages' `__init__` import the PyTorch model and diffusion; `leaf()` loads
 such a file on its own so that this backend runs where torch is not installed.

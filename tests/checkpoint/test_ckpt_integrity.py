@@ -79,7 +79,7 @@ def test_damaged_newest_falls_back(tmp_path, how):
     DiTTrainer(_cfg(tmp_path, "run", 4)).train()
     _damage(tmp_path / "run" / "checkpoints" / "step-00000004", how)
     trainer = DiTTrainer(_cfg(tmp_path, "run", 4))
-    trainer._loader = trainer.build_loader()
+    trainer.loader = trainer.build_loader()
     with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000004"):
         assert trainer.maybe_resume().name == "step-00000002"
     assert trainer.step == 2
@@ -92,7 +92,7 @@ def test_truncated_dcp_shard_falls_back(tmp_path):
     shard.write_bytes(shard.read_bytes()[:1000])
     (tmp_path / "run" / "checkpoints" / "step-00000004" / ckpt.MANIFEST).unlink()  # only DCP can notice now
     trainer = DiTTrainer(cfg)
-    trainer._loader = trainer.build_loader()
+    trainer.loader = trainer.build_loader()
     with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000004"):
         assert trainer.maybe_resume().name == "step-00000002"
 

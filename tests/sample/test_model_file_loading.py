@@ -7,7 +7,7 @@ import torch
 
 import dit_trainer.sample.loading as L
 from dit_trainer.errors import ConfigError
-from dit_trainer.model_file import load_model_file
+from dit_trainer.config.model_file import load_model_file
 
 # pt_and_json: tests/conftest.py
 

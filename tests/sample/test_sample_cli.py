@@ -224,13 +224,12 @@ print(freed_memory_kept())
 
 
 @pytest.mark.skipif(not glibc_malloc(), reason="mallopt is glibc's; elsewhere keep_freed_memory is a no-op")
-@pytest.mark.parametrize("flag", [[], ["--keep-freed-memory", "false"]])
-def test_cli_keeps_freed_memory_on_cpu_unless_told_not_to(digits_ckpt, tmp_path, flag):
+def test_cli_keeps_freed_memory_on_cpu(digits_ckpt, tmp_path):
     # A fresh process: the setting is process-wide, and this one has had trainers apply it.
-    out = subprocess.run([sys.executable, "-c", SAMPLE_THEN_ASK, str(digits_ckpt[0]), str(tmp_path / "g.png"), *flag],
+    out = subprocess.run([sys.executable, "-c", SAMPLE_THEN_ASK, str(digits_ckpt[0]), str(tmp_path / "g.png")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == ("False" if flag else "True")
+    assert out.stdout.split()[-1] == "True"
 
 
 def test_steps_with_an_adaptive_ode_method_is_noted(capsys):

@@ -56,7 +56,7 @@ def test_resume_false_overwrite(tmp_path):
 def test_changed_optimizer_values_win_on_resume(tmp_path, capsys):
     DiTTrainer(_cfg(tmp_path, 2, optim={"lr": 1e-3, "weight_decay": 0.0})).train()
     trainer = DiTTrainer(_cfg(tmp_path, 3, optim={"lr": 2e-4, "weight_decay": 0.05, "beta2": 0.99}))
-    trainer._loader = trainer.build_loader()
+    trainer.loader = trainer.build_loader()
     trainer.maybe_resume()
     group = trainer.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(2e-4) and group["weight_decay"] == 0.05 and group["betas"] == (0.9, 0.99)

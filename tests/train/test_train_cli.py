@@ -3,7 +3,7 @@
 import pytest
 
 from dit_trainer.cli import main
-from dit_trainer.config_doc import family_docs
+from dit_trainer.config.doc import family_docs
 
 
 def test_family_options_have_help_and_a_gap(capsys):

@@ -5,7 +5,7 @@
 """
 
 from dit_trainer.convert.bundle import Bundle
-from dit_trainer.convert.paddlemix_json import is_paddlemix_config, load_paddlemix_json, model_config_from_paddlemix
+from dit_trainer.config.paddlemix_json import is_paddlemix_config, load_paddlemix_json, model_config_from_paddlemix
 
 READERS = ("dit-pt", "ours", "diffusers", "ppdiffusers")
 WRITERS = ("ours", "diffusers", "ppdiffusers")

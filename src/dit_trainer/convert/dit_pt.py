@@ -10,7 +10,7 @@ from pathlib import Path
 from dit_trainer.convert.bundle import Bundle
 from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, tensor_shape
 from dit_trainer.errors import CheckpointError
-from dit_trainer.model_file import is_model_file, load_model_file
+from dit_trainer.config.model_file import is_model_file, load_model_file
 
 
 def read(src, model=None, num_heads=None, vae=None) -> Bundle:

@@ -9,49 +9,16 @@ import math
 import re
 
 from dit_trainer.errors import CheckpointError, ConfigError
-
-# (depth, hidden size, heads) of each released size; the head count is not in the tensors.
-SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
-PATCHES = (2, 4, 8)
-
-# The release's function: frequencies over half the embedding, LayerNorm eps 1e-6 everywhere.
-# diffusers' port divides by half - 1 and gives the MLP's LayerNorm (norm2) eps 1e-5.
-RELEASE_CONVENTION = {"timestep_freq_shift": 0, "mlp_norm_eps": 1e-6}
-DIFFUSERS_CONVENTION = {"timestep_freq_shift": 1, "mlp_norm_eps": 1e-5}
-CONVENTION_KEYS = tuple(RELEASE_CONVENTION)
-
-
-def release_size(depth, hidden_size):
-    """The release size (S, B, L, XL) of this depth and width, or None: what fixes the head count."""
-    return next((size for size, (d, w, _) in SIZES.items() if (d, w) == (depth, hidden_size)), None)
-
-
-def dit_name(depth, hidden_size, num_heads, patch_size) -> tuple:
-    """(registered name, size overrides) for a DiT of this shape: a release size, or S with overrides."""
-    if patch_size not in PATCHES:
-        raise ConfigError(f"patch size {patch_size} is not one of DiT's {PATCHES}")
-    for size, shape in SIZES.items():
-        if shape == (depth, hidden_size, num_heads):
-            return f"DiT-{size}/{patch_size}", {}
-    return f"DiT-S/{patch_size}", {"depth": int(depth), "hidden_size": int(hidden_size), "num_heads": int(num_heads)}
-
-
-def model_config(depth, hidden_size, num_heads, patch_size, input_size, in_channels=4, num_classes=1000,
-                 learn_sigma=True, class_dropout_prob=0.1, mlp_ratio=4.0, **convention) -> dict:
-    """Our model-config dict for a DiT of this shape (size overrides only where needed)."""
-    name, overrides = dit_name(depth, hidden_size, num_heads, patch_size)
-    cfg = {"name": name, "input_size": int(input_size), "in_channels": int(in_channels),
-           "num_classes": int(num_classes), "learn_sigma": bool(learn_sigma),
-           "class_dropout_prob": float(class_dropout_prob), **overrides}
-    if float(mlp_ratio) != 4.0:
-        cfg["mlp_ratio"] = float(mlp_ratio)
-    for key, value in convention.items():
-        if key not in RELEASE_CONVENTION:
-            raise ConfigError(f"unknown timestep convention key {key!r}; known: {', '.join(CONVENTION_KEYS)}")
-        if value != RELEASE_CONVENTION[key]:
-            cfg[key] = value
-    return cfg
-
+from dit_trainer.models.dit.sizes import (  # noqa: F401 (the converters' names for them)
+    CONVENTION_KEYS,
+    DIFFUSERS_CONVENTION,
+    PATCHES,
+    RELEASE_CONVENTION,
+    SIZES,
+    dit_name,
+    model_config,
+    release_size,
+)
 
 def shape_of(cfg: dict) -> dict:
     """depth, hidden_size, num_heads, patch_size, mlp_ratio of a model-config dict (name + overrides)."""

@@ -14,7 +14,7 @@ import yaml
 from dit_trainer.convert.bundle import Bundle
 from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
-from dit_trainer.model_file import is_model_file, load_model_file
+from dit_trainer.config.model_file import is_model_file, load_model_file
 
 
 def checkpoint_dir(src) -> Path:

@@ -3,16 +3,13 @@
 import os
 import sys
 
-from dit_trainer.host_memory import add_keep_freed_memory_argument, keep_freed_memory_on
+from dit_trainer.host_memory import keep_freed_memory_on
 
 
 def _extract(args) -> int:
     from dit_trainer.data.extract import run_extract
 
-    # A VAE encode of SD's size frees activations of up to 256 MiB as it goes (8 images of 256 px,
-    # 128 channels): on CPU glibc unmapped and page-faulted them back every batch (benchmarks/malloc.py:
-    # 1.36x images/s with them kept, at 1.44x the peak RSS).
-    keep_freed_memory_on(args.device, args.keep_freed_memory == "true")
+    keep_freed_memory_on(args.device)
     stats = run_extract(
         args.data_path, args.vae, args.image_size, args.out, batch_size=args.batch_size,
         shard_size=args.shard_size, vae_dtype=args.vae_dtype, dtype=args.dtype, flips=not args.no_flips,
@@ -86,7 +83,6 @@ def add_commands(subparsers) -> None:
                    help="skip unreadable images and list them in OUT/skipped.txt, or stop at the first")
     p.add_argument("--seed", type=int, default=0, help="seed of the stored sample with --store sample")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_keep_freed_memory_argument(p)
     p.set_defaults(func=_extract)
 
     d = subparsers.add_parser("data", help="convert or verify latent datasets",

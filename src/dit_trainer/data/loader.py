@@ -12,10 +12,9 @@ from torch.utils.data import DataLoader, Sampler
 from dit_trainer.errors import ConfigError, DataError
 
 
-def build_dataset(cfg):
-    """The training dataset named by `cfg.data` (latents on disk, or "digits" for the demo)."""
-    from dit_trainer.config import explicit_keys
-
+def build_dataset(cfg, num_classes=None):
+    """The training dataset named by `cfg.data` (latents on disk, or "digits" for the demo);
+    `num_classes` checks the data against a class count the user set (None: the data says)."""
     data = cfg.data
     if data.path is None:
         raise ConfigError("data.path is not set; pass --data.path LATENTS_DIR (or 'digits' for the demo data)")
@@ -25,10 +24,9 @@ def build_dataset(cfg):
         return DigitsDataset(image_size=data.digits_size)
     from dit_trainer.data.latents import open_latent_dataset
 
-    # A class count the user did not set comes from the data (labels, manifest), not the default.
     return open_latent_dataset(
         data.path,
-        num_classes=cfg.model.num_classes if "model.num_classes" in explicit_keys(cfg) else None,
+        num_classes=num_classes,
         random_flip=data.random_flip,
         seed=cfg.train.seed,
         labels_file=data.labels_file,
@@ -45,58 +43,67 @@ def _source(cfg, dataset) -> str:
     return f"data.path {path}"
 
 
-def _take(cfg, key: str, value, source: str, what: str) -> None:
-    """Set `key` to the data's `value` unless the user set it; a different explicit value is an error."""
-    from dit_trainer.config import explicit_keys
-
-    section, name = key.split(".")
-    have = getattr(getattr(cfg, section), name)
-    if key in explicit_keys(cfg):
-        if have != value:
-            raise ConfigError(
-                f"{key} is {have} but {source} holds {what}; set {key} to {value} or leave it out "
-                f"(the data decides it)"
-            )
-        return
-    setattr(getattr(cfg, section), name, value)
-
-
-def shape_from_data(cfg, dataset=None):
-    """Open the dataset (unless given) and take the model's shape from it; returns the dataset.
+class DataShapes:
+    """`build_config`'s fill: opens the dataset the config names (unless given one) and takes the
+    model's shape from it where the user left it out; `.dataset` keeps what it opened for the loader.
 
     `model.in_channels`, `model.input_size`, `model.num_classes` and `data.class_names` come from
     what the data records (the shard manifest, the labels file, the latents' shape), and for shards
-    the VAE and image size too, unless the config sets them; a conflict is a one-line error.
+    the VAE and image size too; a value the user set that the data contradicts is a one-line error.
     """
-    from dit_trainer.config import explicit_keys, validate
 
-    if dataset is None:
-        if cfg.data.path is None:
-            return None
-        dataset = build_dataset(cfg)
-    source = _source(cfg, dataset)
-    shape = getattr(dataset, "latent_shape", None)
-    if shape is not None:
-        channels, height, width = shape
-        if height != width:
-            raise DataError(f"{source}: the latents are {height}x{width}; the model needs square latents, re-extract them square")
-        _take(cfg, "model.in_channels", int(channels), source, f"{channels}-channel latents")
-        _take(cfg, "model.input_size", int(height), source, f"{height}x{width} latents")
-    count = getattr(dataset, "num_classes", None)
-    if count is not None:
-        _take(cfg, "model.num_classes", int(count), source, f"{count} classes")
-    names = getattr(dataset, "class_names", None)
-    if names and "data.class_names" not in explicit_keys(cfg):
-        cfg.data.class_names = [str(n) for n in names]
-    if cfg.data.class_names is not None and len(cfg.data.class_names) != cfg.model.num_classes:
-        raise ConfigError(f"data.class_names lists {len(cfg.data.class_names)} names but model.num_classes is "
-                          f"{cfg.model.num_classes}; make them agree")
-    manifest = getattr(dataset, "manifest", None) or {}
-    for key, field in (("data.vae", "vae"), ("data.image_size", "image_size"), ("data.scaling_factor", "scaling_factor")):
-        if manifest.get(field) is not None and key not in explicit_keys(cfg):
-            setattr(cfg.data, key.split(".")[1], manifest[field])
-    validate(cfg)
-    return dataset
+    def __init__(self, dataset=None):
+        self.dataset = dataset
+
+    def __call__(self, cfg, given: frozenset) -> None:
+        if self.dataset is None:
+            if cfg.data.path is None:
+                return
+            count = cfg.model.num_classes if "model.num_classes" in given else None
+            self.dataset = build_dataset(cfg, num_classes=count)
+        dataset, source = self.dataset, _source(cfg, self.dataset)
+
+        def take(key: str, value, what: str) -> None:
+            section, name = key.split(".")
+            have = getattr(getattr(cfg, section), name)
+            if key not in given:
+                setattr(getattr(cfg, section), name, value)
+            elif have != value:
+                raise ConfigError(f"{key} is {have} but {source} holds {what}; set {key} to {value} or leave it out "
+                                  f"(the data decides it)")
+
+        shape = getattr(dataset, "latent_shape", None)
+        if shape is not None:
+            channels, height, width = shape
+            if height != width:
+                raise DataError(f"{source}: the latents are {height}x{width}; the model needs square latents, "
+                                "re-extract them square")
+            take("model.in_channels", int(channels), f"{channels}-channel latents")
+            take("model.input_size", int(height), f"{height}x{width} latents")
+        count = getattr(dataset, "num_classes", None)
+        if count is not None:
+            take("model.num_classes", int(count), f"{count} classes")
+        names = getattr(dataset, "class_names", None)
+        if names and "data.class_names" not in given:
+            cfg.data.class_names = [str(n) for n in names]
+        if cfg.data.class_names is not None and len(cfg.data.class_names) != cfg.model.num_classes:
+            raise ConfigError(f"data.class_names lists {len(cfg.data.class_names)} names but model.num_classes is "
+                              f"{cfg.model.num_classes}; make them agree")
+        manifest = getattr(dataset, "manifest", None) or {}
+        for key, field in (("data.vae", "vae"), ("data.image_size", "image_size"),
+                           ("data.scaling_factor", "scaling_factor")):
+            if manifest.get(field) is not None and key not in given:
+                setattr(cfg.data, key.split(".")[1], manifest[field])
+
+
+def config_with_data(config, dataset=None):
+    """(checked Config, its dataset or None): `config` (a Config, dict or YAML path) built with the
+    shapes its data records filled in where it sets none, before the config is checked."""
+    from dit_trainer.config import build_config, settings_of
+
+    shapes = DataShapes(dataset)
+    cfg = build_config(settings_of(config), fill=shapes)
+    return cfg, shapes.dataset
 
 
 class GlobalBatchSampler(Sampler):

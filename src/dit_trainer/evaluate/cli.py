@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.host_memory import add_keep_freed_memory_argument, keep_freed_memory_on
+from dit_trainer.host_memory import keep_freed_memory_on
 
 
 def add_commands(sub) -> None:
@@ -37,7 +37,6 @@ def add_commands(sub) -> None:
                    help="--ref-from-images keeps this many random images' features for precision/recall")
     p.add_argument("--json", metavar="OUT", help="also write the metrics as JSON here")
     p.add_argument("--no-progress", action="store_true")
-    add_keep_freed_memory_argument(p)
     p.set_defaults(func=run)
 
 
@@ -45,10 +44,7 @@ def run(args) -> int:
     """Run `dit eval` with parsed arguments."""
     from dit_trainer.evaluate.evaluator import evaluate, reference_from_images
 
-    # Inception at batch 64 frees activations of up to ~170 MiB per layer: on CPU glibc unmapped and
-    # page-faulted them back every batch (benchmarks/malloc.py: 1.52x images/s with them kept, at
-    # 1.9x the peak RSS).
-    keep_freed_memory_on(args.device, args.keep_freed_memory == "true")
+    keep_freed_memory_on(args.device)
     if args.ref_from_images:
         if args.samples or args.ref:
             raise ConfigError("--ref-from-images builds a reference; run --samples/--ref as a separate command")

@@ -3,7 +3,7 @@
 On CUDA and for fp32, PyTorch's fused SDPA is the fastest path. For bf16/fp16 on CPU it is not:
 at DiT's sizes (256 tokens, head dim 64) the CPU flash kernel, forward plus backward, runs at
 about half the speed of the same work done as batched matmuls (the CPU's bf16 matmul units are
-its fast path; the `+flash` row of `benchmarks/train_step.py` measures the step with SDPA instead).
+its fast path).
 Plain matmul attention would keep the (B, H, N, N) probabilities for the backward, though, which
 is more memory than every weight of DiT-S/2; so `MatmulAttention` saves only q, k and v (a flash
 kernel keeps about as much: those, its output and a row log-sum-exp) and recomputes the

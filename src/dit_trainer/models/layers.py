@@ -61,22 +61,16 @@ def gelu_tanh_as_sigmoid(x):
     return (xf * torch.sigmoid(_SIGMOID_GELU_SCALE * (xf + 0.044715 * xf * xf * xf))).to(x.dtype)
 
 
-def use_sigmoid_gelu() -> bool:
-    """Whether GELU takes the sigmoid form: in compiled graphs only (a benchmark may patch this)."""
-    return torch.compiler.is_compiling()
-
-
 class TanhGELU(nn.Module):
     """nn.GELU(approximate="tanh") with a faster form for compiled graphs.
 
-    Inductor's CPU code for tanh made GELU the costliest kernel after the matmuls; the sigmoid
-    form is what benchmarks/train_step.py's "bf16+compile" row gains over "bf16+compile+tanhgelu".
-    Eager keeps PyTorch's one fused kernel, which the sigmoid form's several ops would lose to.
-    No parameters, so state dicts are unchanged.
+    Inductor's CPU code for tanh made GELU the costliest kernel after the matmuls; written with a
+    sigmoid it fuses into cheaper code. Eager keeps PyTorch's one fused kernel, which the sigmoid
+    form's several ops would lose to. No parameters, so state dicts are unchanged.
     """
 
     def forward(self, x):
-        if use_sigmoid_gelu():
+        if torch.compiler.is_compiling():
             return gelu_tanh_as_sigmoid(x)
         return nn.functional.gelu(x, approximate="tanh")
 

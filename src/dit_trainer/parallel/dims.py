@@ -121,6 +121,16 @@ class ParallelDims:
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self._dp_mesh.get_group())
         return out / self.dp_size
 
+    def all_gather_dp(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A 1-D `tensor` of every data-parallel rank, concatenated in rank order (itself on one rank)."""
+        if self.dp_size == 1 or self._mesh is None:
+            return tensor
+        import torch.distributed as dist
+
+        gathered = [torch.empty_like(tensor) for _ in range(self.dp_size)]
+        dist.all_gather(gathered, tensor, group=self._dp_mesh.get_group())
+        return torch.cat(gathered)
+
     def build_mesh(self, device_type: str = "cpu"):
         """The 4-D mesh ("pp", "dp_replicate", "dp_shard", "tp") plus a flattened "dp" dimension."""
         from torch.distributed.device_mesh import init_device_mesh

@@ -8,6 +8,11 @@ import torch.nn as nn
 from dit_trainer.parallel.utils import is_dtensor, local
 
 
+def ema_decay_at(step: int, decay: float, warmup: bool) -> float:
+    """The decay for this update; with warmup, early steps average over fewer steps."""
+    return min(decay, (1 + step) / (10 + step)) if warmup else decay
+
+
 class ShardedEMA:
     """ema = decay * ema + (1 - decay) * param, per FQN, over one or more model parts."""
 

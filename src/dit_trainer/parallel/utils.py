@@ -1,4 +1,5 @@
-"""Small helpers shared by the parallel code and the trainer: local shards and gradient norms."""
+"""Small helpers shared by the parallel code and the trainer: local shards, gradient norms, and
+the few collectives every rank must call alike (a barrier, agreeing on a flag, rank 0's value)."""
 
 import math
 
@@ -61,3 +62,27 @@ def clip_grad_norm_(parameters, max_norm: float, pp_group=None, foreach=True) ->
             torch._foreach_mul_(shards, coef.to(shards[0].device))
     return total
 
+
+
+def barrier() -> None:
+    """Wait for every rank (nothing on one process)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def any_rank(flag: bool, device) -> bool:
+    """Whether `flag` is true on any rank (a collective under torchrun; `flag` itself on one process)."""
+    if not dist.is_initialized():
+        return bool(flag)
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def from_main(value):
+    """Rank 0's `value` on every rank (a collective under torchrun; `value` itself on one process)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

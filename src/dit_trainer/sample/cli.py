@@ -4,7 +4,7 @@ import math
 import sys
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.host_memory import add_keep_freed_memory_argument, keep_freed_memory_on
+from dit_trainer.host_memory import keep_freed_memory_on
 from dit_trainer.sample.decode import DEFAULT_VAE
 
 # Registering the command must not import torch (`dit --help` stays fast): `run` imports the rest.
@@ -53,7 +53,6 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    add_keep_freed_memory_argument(p)
     p.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
                    help="torch.compile the model's forward first (about a minute once); auto: when the run makes "
                         "1000+ model calls of a 10M+ parameter model, e.g. an FID batch")
@@ -164,7 +163,7 @@ def run(args) -> int:
 
     check_args(args)
     device = resolve_device(args.device, "--device")
-    keep_freed_memory_on(device, args.keep_freed_memory == "true")
+    keep_freed_memory_on(device)
     model, cfg = load_sampling_model(args, resolve_ckpt(args.ckpt))
     check_cfg_channels(args, model)
     model.to(device)

@@ -135,7 +135,7 @@ def run(args) -> int:
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    keep_freed_memory_on(device, args.keep_freed_memory == "true")
+    keep_freed_memory_on(device)
     # One checkpoint for every rank, even when the run saves a newer one while the ranks start.
     ckpt = from_rank0(resolve_ckpt(args.ckpt) if rank == 0 else None)
     model, cfg = load_sampling_model(args, ckpt)

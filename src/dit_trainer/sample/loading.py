@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from dit_trainer.errors import CheckpointError, ConfigError
-from dit_trainer.model_file import is_model_file, load_model_file
+from dit_trainer.config.model_file import is_model_file, load_model_file
 from dit_trainer.sample.decode import DEFAULT_VAE
 
 

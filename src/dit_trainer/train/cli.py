@@ -32,7 +32,7 @@ class _Override(argparse.Action):
 
 def add_commands(sub) -> None:
     """Register `dit train` with one option per config key."""
-    from dit_trainer.config_doc import config_docs, section_of, show
+    from dit_trainer.config.doc import config_docs, section_of, show
 
     p = sub.add_parser(
         "train",
@@ -65,7 +65,7 @@ def _lazy_family_help(parser) -> None:
     plain = parser.format_help
 
     def format_help():
-        from dit_trainer.config_doc import family_docs, show
+        from dit_trainer.config.doc import family_docs, show
 
         lines = [plain().rstrip(), ""]
         for family, docs in family_docs():
@@ -81,21 +81,22 @@ def _lazy_family_help(parser) -> None:
 
 
 def run(args) -> int:
-    """Load the config, build the trainer (distributed when launched by torchrun) and train."""
-    from dit_trainer.config import config_yaml, load_config
+    """Read the config, build the trainer of its backend (distributed when launched by torchrun) and train."""
+    from dit_trainer.config import read_settings
 
     overrides = [item for key, value in args.config_pairs for item in (f"--{key}", value)]
-    cfg = load_config(args.config, overrides + list(args.overrides))
+    settings = read_settings(args.config, overrides + list(args.overrides))
     if args.print_config:
-        from dit_trainer.data.loader import shape_from_data
+        from dit_trainer.config import config_yaml
+        from dit_trainer.data.loader import config_with_data
 
-        shape_from_data(cfg)  # what the run would use: the data's shape where the config sets none
+        cfg, _ = config_with_data(settings)  # what the run would use: the data's shape where the config sets none
         print(config_yaml(cfg), end="")
         return 0
-    from dit_trainer.train import DiTTrainer
+    from dit_trainer.train import build_trainer
 
-    trainer = DiTTrainer(cfg)
+    trainer = build_trainer(settings)
     last = trainer.train()
-    if trainer.dims.is_main and last:
-        print(f"step {trainer.step}: loss {last['loss']:.4f}; metrics in {cfg.output_dir}/metrics.jsonl")
+    if trainer.is_main and last:
+        print(f"step {trainer.step}: loss {last['loss']:.4f}; metrics in {trainer.cfg.output_dir}/metrics.jsonl")
     return 0

@@ -14,25 +14,13 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.errors import CheckpointError, ConfigError
-from dit_trainer.train import checkpointing
+from dit_trainer.parallel.utils import any_rank, barrier, from_main
 
 ON_EXISTING = ("refuse", "archive", "overwrite")
 # What a run writes into output_dir; `overwrite` removes exactly these.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "samples", "config.yaml")
-
-
-def _from_main(value):
-    """Rank 0's `value` on every rank."""
-    if not dist.is_initialized():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def warn(message: str) -> None:
@@ -53,14 +41,13 @@ def has_run(output_dir) -> bool:
     return bool(ckpt.list_checkpoints(out)) or (metrics.is_file() and metrics.stat().st_size > 0)
 
 
-def prepare_fresh_start(trainer) -> None:
+def prepare_fresh_start(cfg, is_main: bool) -> None:
     """`checkpoint.resume false`: refuse, archive or overwrite an earlier run in output_dir."""
-    cfg = trainer.cfg
     policy = cfg.checkpoint.on_existing
     if policy not in ON_EXISTING:
         raise ConfigError(f"checkpoint.on_existing {policy!r} is not one of {', '.join(ON_EXISTING)}")
     out = Path(cfg.output_dir)
-    if not _from_main(has_run(out)):
+    if not from_main(has_run(out)):
         return
     if policy == "refuse":
         last = ckpt.latest_checkpoint(out)
@@ -69,7 +56,7 @@ def prepare_fresh_start(trainer) -> None:
             f"output_dir {out} already holds a run ({held}) and checkpoint.resume is false; pass "
             "--checkpoint.resume true to continue it, --checkpoint.on_existing archive to move it aside, "
             "--checkpoint.on_existing overwrite to delete it, or another output_dir")
-    if trainer.dims.is_main:
+    if is_main:
         if policy == "archive":
             dest = out.with_name(f"{out.name}.archived-{time.strftime('%Y%m%d-%H%M%S')}")
             n = 1
@@ -85,59 +72,47 @@ def prepare_fresh_start(trainer) -> None:
                 elif path.exists():
                     path.unlink()
             print(f"deleted the earlier run's checkpoints and metrics in {out}", file=sys.stderr)
-    checkpointing.barrier()
+    barrier()
 
 
-def _finite(trainer) -> bool:
-    """Whether every weight and EMA value this rank holds is finite."""
-    tensors = [p for part in trainer.model_parts for p in part.parameters()] + list(trainer.ema.shadow.values())
-    ok = True
-    for t in tensors:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            ok = False
-            break
-    return ok
-
-
-def resume_latest(trainer):
-    """Load the newest usable checkpoint of output_dir; returns its path, or None when there is none."""
-    candidates = ckpt.list_checkpoints(trainer.cfg.output_dir)
+def resume_latest(checkpointer, output_dir, is_main: bool, device):
+    """Load the newest usable checkpoint of output_dir into `checkpointer`'s model, EMA and optimizer;
+    returns (its path, its trainer state), or (None, None) when there is none."""
+    candidates = ckpt.list_checkpoints(output_dir)
     skipped = []
     for path in reversed(candidates):
-        problem = None
-        if trainer.dims.is_main:
+        problem = state = None
+        if is_main:
             try:
                 ckpt.verify_checkpoint(path)
             except CheckpointError as err:
                 problem = str(err)
-        problem = _from_main(problem)
+        problem = from_main(problem)
         if problem is None:
             try:
-                checkpointing.load(trainer, path)
+                state = checkpointer.load(path)
                 error = None
             except CheckpointError as err:
                 error = str(err)
-            if checkpointing.any_rank(trainer, error is not None or not _finite(trainer)):
+            if any_rank(error is not None or not checkpointer.weights_finite(), device):
                 problem = error or f"{path} holds non-finite weights"
         if problem is None:
-            if skipped and trainer.dims.is_main:
+            if skipped and is_main:
                 warn(f"resuming from {path} instead of the newer {', '.join(p.name for p, _ in skipped)}")
-            apply_config_changes(trainer, path)
-            return path
+            return path, state
         skipped.append((path, problem))
-        if trainer.dims.is_main:
+        if is_main:
             warn(f"skipping checkpoint {path.name}: {problem}")
     if skipped:
         raise CheckpointError(
-            f"no usable checkpoint in {ckpt.checkpoint_root(trainer.cfg.output_dir)} (all {len(skipped)} failed; "
+            f"no usable checkpoint in {ckpt.checkpoint_root(output_dir)} (all {len(skipped)} failed; "
             f"the newest: {skipped[0][1]}); move them aside or start over with --checkpoint.resume false "
             "--checkpoint.on_existing archive")
-    return None
+    return None, None
 
 
-def apply_config_changes(trainer, path) -> None:
-    """Let optimizer values changed in the config since `path` was written win over the restored ones."""
+def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> None:
+    """Let optimizer values changed in `cfg` since `path` was written win over the restored ones."""
     from dit_trainer.config import load_config
 
     saved = path / "config.yaml"
@@ -147,18 +122,18 @@ def apply_config_changes(trainer, path) -> None:
         old = load_config(str(saved)).optim
     except Exception:  # a config of an older version: nothing to compare against
         return
-    new = trainer.cfg.optim
+    new = cfg.optim
     changed = [f"optim.{k} {getattr(old, k)} -> {getattr(new, k)}"
                for k in ("lr", "beta1", "beta2", "weight_decay", "eps", "warmup_steps", "max_grad_norm")
                if getattr(old, k) != getattr(new, k)]
     if not changed:
         return
-    sched = trainer.lr_scheduler
+    sched = lr_scheduler
     # The scheduler restored the old base lr; the lambda already uses the config's warmup.
     sched.base_lrs = [new.lr for _ in sched.base_lrs]
-    for group, factor in zip(trainer.optimizer.param_groups, sched.lr_lambdas):
+    for group, factor in zip(optimizer.param_groups, sched.lr_lambdas):
         group.update(initial_lr=new.lr, betas=(new.beta1, new.beta2), weight_decay=new.weight_decay, eps=new.eps)
         group["lr"] = new.lr * factor(sched.last_epoch)
-    sched._last_lr = [g["lr"] for g in trainer.optimizer.param_groups]
-    if trainer.dims.is_main:
+    sched._last_lr = [g["lr"] for g in optimizer.param_groups]
+    if is_main:
         print(f"resuming {path.name} with the config's {', '.join(changed)} (they replace the checkpoint's)", file=sys.stderr)

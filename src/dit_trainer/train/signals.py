@@ -11,10 +11,12 @@ import threading
 
 
 class StopSignals:
-    """Context manager that turns SIGTERM/SIGINT into a stop request (`.requested` names the signal)."""
+    """Context manager that turns SIGTERM/SIGINT into a stop request: `on_request(signal name)` is
+    called and `.requested` names the signal."""
 
-    def __init__(self):
+    def __init__(self, on_request=None):
         self.requested = None
+        self.on_request = on_request
         self._previous = {}
 
     def _handle(self, signum, frame):
@@ -25,6 +27,8 @@ class StopSignals:
             print(f"{name} received: finishing this step, saving a checkpoint and stopping "
                   "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
         self.requested = name
+        if self.on_request is not None:
+            self.on_request(name)
 
     def __enter__(self):
         # Handlers can only be installed from the main thread (a trainer in a worker thread keeps them as they are).

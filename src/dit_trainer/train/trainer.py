@@ -5,17 +5,20 @@ global batch from one seeded generator; each data-parallel rank takes its slice.
 computes the step of a single process, and restoring the generator's state resumes exactly. The
 mesh is always a `ParallelDims` (world size 1 is a mesh of one), the model family's
 `parallelize_fn` is always applied (a no-op where every degree is 1), and pipeline parallelism is
-a branch of the step, not another class.
+a branch of the step, not another class. `train()` reads like DiT's train.py: resume, then per
+step forward-backward, guarded update, EMA, metrics, sample grid, checkpoint.
 """
 
-import contextlib
 import functools
+import sys
+import time
 
 import torch
 import torch.nn as nn
-from torch._functorch import config as functorch_config
 
-from dit_trainer.config import as_config, validate
+from dit_trainer.checkpoint.checkpointer import Checkpointer
+from dit_trainer.config import backend_of, config_yaml, save_config
+from dit_trainer.data.loader import config_with_data
 from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import ConfigError, DataError
 from dit_trainer.host_memory import keep_freed_memory_on
@@ -23,38 +26,34 @@ from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
-from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
-from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
-from dit_trainer.train import checkpointing, host_sync, loop
-from dit_trainer.train.backends import fused_adamw, other_engine, resolve_amp_dtype, resolve_compile
+from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
+from dit_trainer.train import preflight, resume, resume_checks
+from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
+from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.signals import StopSignals
+from dit_trainer.train.update import GuardedUpdate
 
 
 class DiTTrainer:
-    """Trains a registered model with the configured objective, on 1..N processes."""
+    """Trains a registered model with the configured objective, on 1..N processes (the torch engine)."""
 
     def __init__(self, config, dataset=None):
-        self.cfg = cfg = as_config(config)
-        # backend mindspore: the run belongs to the MindSpore engine; the methods below delegate to it.
-        self._engine = None
-        if cfg.backend != "torch":
-            self._engine = other_engine(cfg)
-            return
-        if dataset is None and cfg.data.path is not None:
-            from dit_trainer.data.loader import shape_from_data
-
-            # The data decides the model's shape where the config does not: open it before the model.
-            dataset = shape_from_data(cfg)
-        else:
-            validate(cfg)
+        """`config`: a Config, a nested or flat dict, or a YAML path; `dataset`: one to train on instead
+        of the one `data.path` names. The data fills the model's shape where the config sets none."""
+        if backend_of(config) != "torch":
+            raise ConfigError("DiTTrainer is the torch engine; for backend mindspore use dit_trainer.build_trainer(config) "
+                              "or `dit train`, which pick the engine the config names")
+        self.cfg, self.dataset = config_with_data(config, dataset)
+        cfg = self.cfg
         self.device = resolve_device(cfg.train.device)
         self.dims = init_distributed(cfg.parallel, self.device)
+        self.is_main = self.dims.is_main
         if self.device.type == "cuda" and self.dims.distributed:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             enable_tf32()
         # Before the model: its first steps then settle into a heap they reuse.
-        keep_freed_memory_on(self.device, cfg.train.keep_freed_memory)
+        keep_freed_memory_on(self.device)
         self._check_layout()
         self.amp_dtype = resolve_amp_dtype(cfg.train.mixed_precision, self.device)
         torch.manual_seed(cfg.train.seed)
@@ -72,11 +71,13 @@ class DiTTrainer:
         # auto becomes true/false here, so the run folder's config.yaml (and a resume) says which.
         compiled = resolve_compile(cfg, model, self.device, self.spec.parallelize_fn is not None)
         cfg.train.compile = "true" if compiled else "false"
-        # AC decides what compiled blocks recompute by itself; without compile nothing reads it.
+        # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
         no_ac = cfg.train.activation_checkpointing == "none"
-        self._memory_budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
+        budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
         self.objective = build_objective(cfg)
-        self._pp = None
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.forward_backward = ForwardBackward(self.objective, self.dims, self.device, self.amp_dtype, budget,
+                                                cfg.train.grad_accum_steps, self.scaler)
         self.model_parts = self._parallelize(model)
         self.model = self.model_parts[0] if len(self.model_parts) == 1 else nn.ModuleList(self.model_parts)
         # The EMA is kept like the parameters: full on one process, shards under FSDP/TP/PP.
@@ -85,34 +86,25 @@ class DiTTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         sharded_params = self.dims.distributed or any(is_dtensor(p) for p in params)
         self.optimizer = torch.optim.AdamW(
-            params,
-            lr=cfg.optim.lr,
-            weight_decay=cfg.optim.weight_decay,
-            betas=(cfg.optim.beta1, cfg.optim.beta2),
-            eps=cfg.optim.eps,
-            fused=fused_adamw(self.device, params, sharded_params),
-        )
-        self._optimizer_kernels = {k: self.optimizer.param_groups[0][k] for k in ("fused", "foreach")}
+            params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2),
+            eps=cfg.optim.eps, fused=fused_adamw(self.device, params, sharded_params))
         warmup = cfg.optim.warmup_steps
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0
-        )
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
-        mode = host_sync.resolve_host_sync(cfg.train.host_sync, self.device, self.optimizer, self.scaler)
-        self.deferred = host_sync.DeferredChecks(self.device) if mode == "log" else None
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+        d = self.dims
+        self.checkpointer = Checkpointer(cfg.output_dir, self.model_parts, self.optimizer, self.ema, d, self.device,
+                                         sharded=bool(cfg.checkpoint.sharded or d.fsdp_enabled or d.tp_enabled or d.pp_enabled),
+                                         keep=cfg.checkpoint.save_total_limit)
+        self.update = GuardedUpdate(self.optimizer, self.lr_scheduler, self.scaler, self.ema, self._clip_grads, d,
+                                    self.device, cfg.optim, cfg.train, self._kept_checkpoint)
         # Draws come from a CPU generator on every device: a CUDA generator's draw of the timestep
         # sampler's seed (.item()) would make the host wait for the device every step, and CPU and
         # GPU runs of one seed now see the same noise.
         self.generator = torch.Generator().manual_seed(cfg.train.seed)
         self.step = 0
-        self.skipped_steps = 0  # updates skipped for a non-finite loss (train.skip_nonfinite_steps)
-        self._signals = None  # StopSignals while train() runs
-        self.stop_requested = False  # every rank agreed to stop after this step
-        self.log_window = None  # loss sums and steps since the last metrics line, saved for a resume (loop.py)
+        self.loader = None  # the step loader train() draws from; built by train() unless set
         self.max_steps_flag = "train.max_steps"  # how messages name it; `dit demo` says --steps
-        self._dataset = dataset
-        self._loader = None
-        self._packing = None
+        self._stop = None  # why this rank was asked to stop (a signal's name), or None
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -126,10 +118,8 @@ class DiTTrainer:
                 raise ConfigError("train.grad_accum_steps > 1 with parallel.pp > 1: raise parallel.pp_microbatches instead")
             local = dims.local_batch_size(cfg.train.global_batch_size)
             if local % cfg.parallel.pp_microbatches:
-                raise ConfigError(
-                    f"the per-rank batch {local} does not split into parallel.pp_microbatches "
-                    f"{cfg.parallel.pp_microbatches}; pick a divisor of {local}"
-                )
+                raise ConfigError(f"the per-rank batch {local} does not split into parallel.pp_microbatches "
+                                  f"{cfg.parallel.pp_microbatches}; pick a divisor of {local}")
 
     def _parallelize(self, model) -> list:
         """The model family's plan on this layout; returns this rank's model parts."""
@@ -137,18 +127,30 @@ class DiTTrainer:
         if spec.parallelize_fn is None:
             if dims.distributed or cfg.train.activation_checkpointing != "none" or cfg.train.compile == "true":
                 raise ConfigError(f"model {spec.name} has no parallel plan; run it on one process without AC or compile")
+            self.forward_backward.attach([model])
             return [model]
         parallelize = functools.partial(spec.parallelize_fn, param_dtype=self.amp_dtype or torch.float32)
-        if dims.pp_enabled:
-            if spec.pipelining_fn is None:
-                raise ConfigError(f"model {spec.name} cannot be pipelined; set parallel.pp 1")
-            schedule, parts, first, last = spec.pipelining_fn(
-                model, dims, cfg, loss_fn=self._pp_loss, device=self.device, parallelize_fn=parallelize
-            )
-            self._pp = (schedule, first, last)
-            return list(parts)
-        parallelize(model, dims, cfg)
-        return [model]
+        if not dims.pp_enabled:
+            parallelize(model, dims, cfg)
+            self.forward_backward.attach([model])
+            return [model]
+        if spec.pipelining_fn is None:
+            raise ConfigError(f"model {spec.name} cannot be pipelined; set parallel.pp 1")
+        schedule, parts, first, last = spec.pipelining_fn(
+            model, dims, cfg, loss_fn=self.forward_backward.pipeline_loss, device=self.device, parallelize_fn=parallelize)
+        self.forward_backward.attach(parts, (schedule, first, last))
+        return list(parts)
+
+    def _clip_grads(self, max_norm: float):
+        pp_group = self.dims.mesh["pp"].get_group() if self.dims.pp_enabled else None
+        clip = self.spec.clip_grad_fn or clip_grad_norm_
+        return clip(list(self.model.parameters()), max_norm, pp_group=pp_group)
+
+    def _kept_checkpoint(self) -> str:
+        from dit_trainer.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(self.cfg.output_dir)
+        return f"{last} is intact" if last else "no checkpoint was written yet"
 
     @property
     def diffusion(self):
@@ -156,46 +158,30 @@ class DiTTrainer:
         return getattr(self.objective, "diffusion", None)
 
     @property
-    def sharded(self) -> bool:
-        """Whether checkpoints are DCP shards (any sharded layout, or `checkpoint.sharded`)."""
-        d = self.dims
-        return bool(self.cfg.checkpoint.sharded or d.fsdp_enabled or d.tp_enabled or d.pp_enabled)
+    def skipped_steps(self) -> int:
+        """Updates skipped for a non-finite loss or grad norm (train.skip_nonfinite_steps)."""
+        return self.update.skipped_steps
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether every rank agreed to stop after the step that asked."""
+        return self.update.stop_requested
 
     # -- one step ------------------------------------------------------------------------
 
-    def _forward_context(self):
-        """Autocast to the run's mixed-precision dtype, and the compiled blocks' activation budget."""
-        stack = contextlib.ExitStack()
-        if self.amp_dtype:
-            stack.enter_context(torch.autocast(self.device.type, dtype=self.amp_dtype))
-        if self._memory_budget < 1:
-            # Read when a block's graph is compiled, i.e. inside its first calls: the partitioner
-            # then recomputes the activations that cost least to recompute (pointwise ones first).
-            stack.enter_context(functorch_config.patch(activation_memory_budget=self._memory_budget))
-        return stack
-
-    def _model_fn(self, x, t, **kwargs):
-        # Autocast only the network; the objective's arithmetic around it stays in float32.
-        with self._forward_context():
-            out = self.model(x, t, **kwargs)
-        return out.float()
-
-    def _draw(self, global_batch: int):
-        """The objective's draws and the label-dropout mask for the whole global batch (on the CPU)."""
-        cpu = torch.device("cpu")
-        draws = self.objective.draw(global_batch, self.sample_shape, self.generator, cpu)
-        p = self.cfg.model.class_dropout_prob
-        drop = (torch.rand(global_batch, generator=self.generator) < p).long()
-        return draws, drop
-
     def _prepare(self, batch):
-        """This rank's (x, y) on the device, and its slice of the global batch's randomness."""
+        """This rank's (x, y) on the device, and its slice of the global batch's randomness.
+
+        The objective's draws and the label-dropout mask are drawn for the whole global batch on
+        the CPU, in that order; the order is part of the contract that resume and parity replay.
+        """
         x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
         x = x.to(self.device, dtype=torch.float32, non_blocking=True)
         y = y.to(self.device, dtype=torch.long, non_blocking=True)
         local = x.shape[0]
-        lo = self.dims.dp_rank * local
-        draws, drop = self._draw(local * self.dims.dp_size)
+        n, lo = local * self.dims.dp_size, self.dims.dp_rank * local
+        draws = self.objective.draw(n, self.sample_shape, self.generator, torch.device("cpu"))
+        drop = (torch.rand(n, generator=self.generator) < self.cfg.model.class_dropout_prob).long()
         draws = {k: self._to_device(v[lo:lo + local]) for k, v in draws.items()}
         return x, y, draws, self._to_device(drop[lo:lo + local])
 
@@ -205,95 +191,46 @@ class DiTTrainer:
         # Pinned, so the copy is queued behind the step instead of waiting for it.
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
 
-    def train_step(self, batch) -> dict:
-        """One optimizer step on this rank's share of a global batch; returns floats."""
-        if self._engine is not None:
-            return self._engine.train_step(batch)
-        return self._finish_step(self._forward_backward(batch))
-
-    def _forward_backward(self, batch) -> torch.Tensor:
-        """The step's loss (on the device) with its gradients accumulated."""
+    def queue_step(self, batch) -> torch.Tensor:
+        """One optimizer step on this rank's share of a global batch, without waiting for its results
+        where the device can check them itself; returns the rank's loss (a device tensor)."""
         x, y, draws, drop = self._prepare(batch)
-        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        return self._pipelined_loss(x, y, draws, drop) if self._pp else self._accumulated_loss(x, y, draws, drop)
+        loss = self.forward_backward(x, y, draws, drop)
+        self.update(loss, self._stop is not None, self.step)
+        self.step += 1
+        return loss
 
-    def deferred_step(self, batch) -> None:
-        """One step whose results stay on the device (train.host_sync log); `self.deferred.flush` reads them."""
-        self.deferred.finish_step(self, self._forward_backward(batch))
+    def train_step(self, batch) -> dict:
+        """One optimizer step on this rank's share of a global batch; returns floats (one host wait):
+        the global-batch loss (NaN for a skipped step), the lr, and the grad norm when clipping."""
+        skipped = self.skipped_steps
+        loss = self.queue_step(batch)
+        self.update.read_pending()
+        out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
+        if self.skipped_steps > skipped:
+            out.update(loss=float("nan"), skipped=True)
+        elif self.update.window.grad_norm is not None:
+            out["grad_norm"] = float(self.update.window.grad_norm)
+        return out
 
-    def _accumulated_loss(self, x, y, draws, drop):
-        local = x.shape[0]
-        accum = self.cfg.train.grad_accum_steps
-        if local % accum:
-            raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {accum}")
-        loss_sum = torch.zeros((), device=self.device)
-        for m in range(accum):
-            sl = slice(m * local // accum, (m + 1) * local // accum)
-            part = {k: v[sl] for k, v in draws.items()}
-            with self._no_sync(m < accum - 1):
-                x_t, t = self.objective.model_input(x[sl], part)
-                out = self._model_fn(x_t, t, y=y[sl], force_drop_ids=drop[sl])
-                losses = self.objective.loss(out, x[sl], part)
-                self.objective.observe(part, losses.detach())
-                loss = losses.mean() / accum
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            loss_sum += loss.detach()
-        return loss_sum
-
-    def _pipelined_loss(self, x, y, draws, drop):
-        """Forward-backward through the pipeline; the clean input and draws travel as the target."""
-        x_t, t = self.objective.model_input(x, draws)
-        carried = {"x": x, **draws}
-        self._packing = TargetPacking(carried)
-        schedule, first, last = self._pp
-        with self._forward_context():
-            return pipeline_step(schedule, first, last, self.dims, (x_t, t, y, drop), self._packing.pack(carried))
-
-    def _pp_loss(self, output, target):
-        """Last stage, per microbatch: the single-process loss from the stage's output."""
-        carried = self._packing.unpack(target)
-        x = carried.pop("x")
-        return self.objective.loss(output.float(), x, carried).mean()
-
-    def _no_sync(self, skip: bool):
-        @contextlib.contextmanager
-        def ctx():
-            mods = [m for part in self.model_parts for m in part.modules() if hasattr(m, "set_requires_gradient_sync")]
-            for m in mods:
-                m.set_requires_gradient_sync(not skip)
-            try:
-                yield
-            finally:
-                for m in mods:
-                    m.set_requires_gradient_sync(True)
-
-        return ctx() if skip else contextlib.nullcontext()
-
-    def _clip_grads(self, max_norm: float):
-        pp_group = self.dims.mesh["pp"].get_group() if self.dims.pp_enabled else None
-        clip = self.spec.clip_grad_fn or clip_grad_norm_
-        return clip([p for p in self.model.parameters()], max_norm, pp_group=pp_group)
-
-    def _finish_step(self, loss) -> dict:
-        """After backward: clip, check, update, EMA; the global-batch loss as floats (one host wait)."""
-        return host_sync.finish_step_now(self, loss)
-
-    def _unwrapped(self):
-        return getattr(self.model, "module", self.model)
+    def request_stop(self, reason: str = "request") -> None:
+        """Stop after the current step: every rank agrees at its end, saves a checkpoint and returns."""
+        self._stop = self._stop or reason
 
     # -- state ---------------------------------------------------------------------------
 
     def trainer_state(self) -> dict:
-        """Everything besides weights and optimizer that resuming needs."""
+        """Everything besides weights and optimizer that resuming needs (a collective: every rank calls it)."""
         state = {
             "step": self.step,
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "lr_scheduler": self.lr_scheduler.state_dict(),
-            "data": self._loader.state_dict() if self._loader is not None else None,
+            "data": self.loader.state_dict() if self.loader is not None else None,
             "skipped_steps": self.skipped_steps,
-            "log_window": self.log_window,
+            # A resume then logs the next line over the same steps as an uninterrupted run.
+            "log_window": self.update.window.state(self.dims),
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -305,13 +242,14 @@ class DiTTrainer:
     def load_trainer_state(self, state: dict) -> None:
         """Restore what `trainer_state` saved."""
         self.step = int(state["step"])
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.log_window = state.get("log_window")  # absent in older checkpoints: the window restarts empty
+        self.update.skipped_steps = int(state.get("skipped_steps", 0))
+        if state.get("log_window"):  # absent in older checkpoints: the window restarts empty
+            self.update.window.restore(state["log_window"], self.dims)
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        if state.get("data") is not None and self._loader is not None:
-            self._loader.load_state_dict(state["data"])
+        if state.get("data") is not None and self.loader is not None:
+            self.loader.load_state_dict(state["data"])
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.objective.load_state_dict(state)
@@ -320,39 +258,17 @@ class DiTTrainer:
 
     def save_checkpoint(self):
         """Write model, EMA, optimizer and trainer state for the current step (all ranks call it)."""
-        if self._engine is not None:
-            return self._engine.save_checkpoint()
-        return checkpointing.save(self)
+        # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
+        self.update.read_pending()
+        return self.checkpointer.save(self.step, self.trainer_state(), config_yaml(self.cfg))
 
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
-        if self._engine is not None:
-            return self._engine.load_checkpoint(path)
-        checkpointing.load(self, path)
+        self.load_trainer_state(self.checkpointer.load(path))
 
     def ema_model(self):
         """A plain eval-mode model holding the EMA weights on rank 0 (None elsewhere); all ranks call it."""
-        return checkpointing.ema_model(self)
-
-    # -- the loop ------------------------------------------------------------------------
-
-    def build_loader(self):
-        """The endless per-rank loader of global-batch shares."""
-        from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
-
-        cfg = self.cfg
-        dataset = self._dataset if self._dataset is not None else build_dataset(cfg)
-        self._dataset = dataset
-        shape = getattr(dataset, "latent_shape", None)
-        if shape is not None and tuple(shape) != tuple(self.sample_shape):
-            raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
-                            f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
-                            "(input_size is the image size / 8) or re-extract the data")
-        sampler = GlobalBatchSampler(
-            len(dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
-            dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size,
-        )
-        return StepLoader(dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
+        return self.checkpointer.ema_model(functools.partial(self.spec.build_model_fn, self.cfg))
 
     def maybe_resume(self):
         """Load `checkpoint.resume_from`, else the newest usable checkpoint of `output_dir` when
@@ -362,32 +278,127 @@ class DiTTrainer:
         (`checkpoint.on_existing`). A checkpoint of another model is refused with a one-line error.
         """
         from dit_trainer.checkpoint import latest_checkpoint
-        from dit_trainer.train import resume, resume_checks
 
-        cfg = self.cfg
+        cfg, main = self.cfg, self.dims.is_main
         if cfg.checkpoint.resume_from:
             path = resume_checks.resolve_resume_from(cfg)
             resume_checks.check_same_model(cfg, path)
             self.load_checkpoint(path)
-            resume.apply_config_changes(self, path)
-            return path
-        if not cfg.checkpoint.resume:
-            resume.prepare_fresh_start(self)
+        elif not cfg.checkpoint.resume:
+            resume.prepare_fresh_start(cfg, main)
             return None
-        latest = latest_checkpoint(cfg.output_dir)
-        if latest is not None:
-            resume_checks.check_same_model(cfg, latest)
-        return resume.resume_latest(self)
+        else:
+            latest = latest_checkpoint(cfg.output_dir)
+            if latest is not None:
+                resume_checks.check_same_model(cfg, latest)
+            path, state = resume.resume_latest(self.checkpointer, cfg.output_dir, main, self.device)
+            if path is None:
+                return None
+            self.load_trainer_state(state)
+        resume.apply_config_changes(cfg, self.optimizer, self.lr_scheduler, path, main)
+        return path
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def build_loader(self):
+        """The endless per-rank loader of global-batch shares."""
+        from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
+
+        cfg = self.cfg
+        if self.dataset is None:
+            self.dataset = build_dataset(cfg)
+        shape = getattr(self.dataset, "latent_shape", None)
+        if shape is not None and tuple(shape) != tuple(self.sample_shape):
+            raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
+                            f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
+                            "(input_size is the image size / 8) or re-extract the data")
+        sampler = GlobalBatchSampler(len(self.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
+                                     dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size)
+        return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
 
     def train(self) -> dict:
         """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
-        if self._engine is not None:
-            return self._engine.train()
-        with StopSignals() as self._signals:
-            try:
-                return loop.run(self)
-            finally:
-                self._signals = None
+        self._stop, self.update.stop_requested = None, False
+        with StopSignals(self.request_stop):
+            return self._train()
+
+    def _train(self) -> dict:
+        from tqdm.auto import tqdm
+
+        from dit_trainer.train.metrics import MetricsLogger
+        from dit_trainer.train.mfu import mfu_meter, peak_memory_gb
+
+        cfg, main = self.cfg, self.dims.is_main
+        preflight.check_grid_vae(cfg)
+        if self.loader is None:
+            self.loader = self.build_loader()
+        resumed = self.maybe_resume()
+        if resumed is not None and self.step >= cfg.train.max_steps:
+            if main:
+                print(f"the run in {cfg.output_dir} is finished: {resumed.name} reached {self.max_steps_flag} "
+                      f"{cfg.train.max_steps}; raise {self.max_steps_flag} to train further")
+            return {}
+        if main:
+            preflight.check_writable(cfg.output_dir)
+            if resumed is not None:
+                print(f"resuming from step {self.step} ({resumed})")
+            save_config(cfg, preflight.make_dir(cfg.output_dir) / "config.yaml")
+        wandb = {"project": cfg.logging.wandb_project, "config": cfg.to_dict()} if cfg.logging.wandb else None
+        logger = MetricsLogger(cfg.output_dir, tensorboard=cfg.logging.tensorboard, enabled=main, wandb=wandb)
+        if main:
+            # Also without a checkpoint: a run killed before its first save logged steps that will be redone.
+            logger.truncate_after(self.step)
+        mfu = mfu_meter(self)
+        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
+                   desc="train", dynamic_ncols=True)
+        last = {}
+        t0, step0 = time.perf_counter(), self.step
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        while self.step < cfg.train.max_steps:
+            self.queue_step(next(self.loader))
+            bar.update(1)
+            if self.step % cfg.logging.log_steps == 0 or self.step == cfg.train.max_steps:
+                self.update.read_pending()
+                elapsed, steps = time.perf_counter() - t0, self.step - step0
+                window = self.update.window.read(self.dims)
+                last = {"loss": window["loss"], "lr": self.lr_scheduler.get_last_lr()[0],
+                        "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
+                        "s_per_step": elapsed / max(steps, 1), "peak_mem_gb": peak_memory_gb(self.device)}
+                if "grad_norm" in window:
+                    last["grad_norm"] = window["grad_norm"]
+                if self.skipped_steps:
+                    last["skipped_steps"] = self.skipped_steps
+                if mfu is not None:
+                    last.update(mfu(last["img_per_s"]))
+                logger.log(self.step, last)
+                if main:
+                    bar.set_postfix(loss=f"{last['loss']:.4f}")
+                    # tqdm.write keeps the bar intact; without a bar this is a plain log line.
+                    extra = f"  mfu {last['mfu']:.1%}" if "mfu" in last else ""
+                    tqdm.write(f"step {self.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
+                               f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB{extra}")
+                t0, step0 = time.perf_counter(), self.step
+            # Sharded EMA weights are gathered by every rank, so all of them call in.
+            if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
+                path = preflight.make_dir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png"
+                grid = self.save_sample_grid(path)
+                if grid is not None:
+                    logger.log_image(self.step, "samples", grid)
+            if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps or self.stop_requested:
+                self.save_checkpoint()
+            if self.stop_requested:
+                if main:
+                    tqdm.write(f"stopped at step {self.step} on request; checkpoint saved in "
+                               f"{cfg.output_dir}/checkpoints; rerun the same command to continue")
+                break
+        bar.close()
+        logger.close()
+        if main and self.skipped_steps:
+            # Skipping is what was asked for (exit 0), but a run that learnt from few steps should say so.
+            print(f"warning: {self.skipped_steps} of {self.step} steps were skipped for a non-finite loss or grad "
+                  "norm (train.skip_nonfinite_steps); lower optim.lr or set optim.max_grad_norm", file=sys.stderr)
+        return last
 
     def save_sample_grid(self, path, **kwargs):
         """Draw a grid from the EMA weights (one row per class) with the run's objective; all ranks call it."""
@@ -397,5 +408,5 @@ class DiTTrainer:
         result = None
         if model is not None:
             result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
-        checkpointing.barrier()
+        barrier()
         return result

@@ -1,14 +1,16 @@
-"""train.host_sync log: the loop reads a step's loss and checks only at log steps, and still
-computes what per-step checks compute: the same losses and weights, a divergence raised with
-the weights of the step before it, skipped steps counted, a stop request honoured a step later."""
+"""The guarded update: where a bad step is masked on the device and its flags read a step later (an
+accelerator with the fused AdamW), training computes what reading them at once computes: the same
+losses and weights, a divergence raised with the weights of the step before it, skipped steps
+counted, a stop request honoured a step later. On a CPU the fused AdamW takes the same mask, so
+the late path runs here with `update.on_device` set."""
 
 import pytest
 import torch
 from trainer_helpers import tiny_config, write_npy_latents
 
-from dit_trainer.errors import ConfigError, DivergenceError
+from dit_trainer.errors import DivergenceError
 from dit_trainer.train import DiTTrainer
-from dit_trainer.train.host_sync import resolve_host_sync
+from dit_trainer.train.update import masks_on_device
 from dit_trainer.train.metrics import read_metrics
 
 
@@ -17,7 +19,7 @@ def _cfg(tmp_path, name, mode, steps=6, **train):
     if not data.exists():
         write_npy_latents(data, n=8)
     return tiny_config(tmp_path / name, data={"path": str(data)},
-                       train={"max_steps": steps, "global_batch_size": 4, "host_sync": mode, **train},
+                       train={"max_steps": steps, "global_batch_size": 4, **train},
                        optim={"max_grad_norm": 1.0}, logging={"log_steps": 2, "progress": False, "tensorboard": False})
 
 
@@ -51,31 +53,30 @@ def _batches(n, bad=None, value=float("nan")):
     return out
 
 
-def _run(cfg, batches, on_next=None):
+def _run(cfg, batches, mode, on_next=None):
     trainer = DiTTrainer(cfg)
-    trainer._loader = _Batches(batches, on_next)
+    trainer.update.on_device = mode == "log"
+    trainer.loader = _Batches(batches, on_next)
     return trainer, trainer.train
 
 
-def test_auto_is_step_on_cpu_and_log_needs_the_fused_optimizer(tmp_path):
-    trainer = DiTTrainer(_cfg(tmp_path, "a", "auto"))
-    assert trainer.deferred is None
-    assert DiTTrainer(_cfg(tmp_path, "b", "log")).deferred is not None
+def test_flags_are_read_late_only_where_the_device_can_mask_a_step(tmp_path):
+    trainer = DiTTrainer(_cfg(tmp_path, "a", "step"))
+    assert trainer.update.on_device is False  # a CPU: the host reads them at once
 
     class Loop:
         param_groups = [{"fused": None}]
 
-    with pytest.raises(ConfigError, match="train.host_sync log needs the fused AdamW"):
-        resolve_host_sync("log", torch.device("cpu"), Loop(), None)
-    assert resolve_host_sync("auto", torch.device("cuda"), Loop(), None) == "step"
-    assert resolve_host_sync("auto", torch.device("cuda"), trainer.optimizer, None) == "log"
+    assert not masks_on_device(torch.device("cuda"), Loop(), None)
+    assert masks_on_device(torch.device("cuda"), trainer.optimizer, None)
+    assert not masks_on_device(torch.device("cuda"), trainer.optimizer, scaler=object())
 
 
 def test_log_mode_logs_the_losses_and_trains_the_weights_of_step_mode(tmp_path):
     batches = _batches(6)
     runs = {}
     for mode in ("step", "log"):
-        trainer, train = _run(_cfg(tmp_path, mode, mode), batches)
+        trainer, train = _run(_cfg(tmp_path, mode, mode), batches, mode)
         train()
         runs[mode] = trainer, read_metrics(tmp_path / mode / "metrics.jsonl")
     (a, ma), (b, mb) = runs["step"], runs["log"]
@@ -91,9 +92,9 @@ def test_log_mode_logs_the_losses_and_trains_the_weights_of_step_mode(tmp_path):
 
 def test_log_mode_divergence_raises_with_the_weights_before_the_bad_step(tmp_path):
     batches = _batches(6, bad=2)
-    reference, train = _run(_cfg(tmp_path, "ref", "step", steps=2), batches)
+    reference, train = _run(_cfg(tmp_path, "ref", "step", steps=2), batches, "step")
     train()
-    trainer, train = _run(_cfg(tmp_path, "log", "log"), batches)
+    trainer, train = _run(_cfg(tmp_path, "log", "log"), batches, "log")
     with pytest.raises(DivergenceError, match="at step 3; the update was not applied") as err:
         train()
     assert "\n" not in str(err.value)
@@ -106,7 +107,7 @@ def test_log_mode_skips_a_bad_step_like_step_mode(tmp_path):
     batches = _batches(5, bad=1, value=float("inf"))
     runs = {}
     for mode in ("step", "log"):
-        trainer, train = _run(_cfg(tmp_path, mode, mode, steps=5, skip_nonfinite_steps=True), batches)
+        trainer, train = _run(_cfg(tmp_path, mode, mode, steps=5, skip_nonfinite_steps=True), batches, mode)
         train()
         runs[mode] = trainer, read_metrics(tmp_path / mode / "metrics.jsonl")
     (a, ma), (b, mb) = runs["step"], runs["log"]
@@ -126,9 +127,9 @@ def test_a_stop_request_saves_and_stops(tmp_path, mode, stops_after):
 
     def signal_during_step_3(i):
         if i == 2:
-            holder["trainer"]._signals.requested = "SIGTERM"
+            holder["trainer"].request_stop("SIGTERM")
 
-    trainer, train = _run(_cfg(tmp_path, mode, mode, steps=6), _batches(6), signal_during_step_3)
+    trainer, train = _run(_cfg(tmp_path, mode, mode, steps=6), _batches(6), mode, signal_during_step_3)
     holder["trainer"] = trainer
     train()
     assert trainer.step == stops_after

@@ -8,7 +8,7 @@ from dit_trainer.config import config_from_dict
 from dit_trainer.data.shards import write_manifest
 from dit_trainer.errors import ConfigError
 from dit_trainer.train import DiTTrainer
-from dit_trainer.train.loop import check_grid_vae
+from dit_trainer.train.preflight import check_grid_vae
 
 
 def _manifest_folder(tmp_path, vae):

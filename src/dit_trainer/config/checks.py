@@ -48,13 +48,14 @@ _RANGES = (
     ("parallel.pp_microbatches", lambda v: v > 0, "a positive integer"),
 )
 
+ENGINES = ("torch", "mindspore")
+
 _NAMES = {
     "diffusion.noise_schedule": ("linear", "cosine", "sigmoid"),
     "diffusion.timestep_sampler": ("uniform", "loss-second-moment"),
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
-    "train.host_sync": ("auto", "step", "log"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
 }
@@ -84,15 +85,30 @@ def check_values(cfg) -> None:
             raise ConfigError(f"{key} is {value!r}; it must be {allowed}")
     # YAML reads `compile: true` as a bool; the field keeps the lower-case word.
     cfg.train.compile = str(cfg.train.compile).lower()
+    if cfg.backend not in ENGINES:
+        raise ConfigError(f"backend {cfg.backend!r} is not one of {', '.join(ENGINES)}")
     for key, names in _NAMES.items():
         value = _get(cfg, key)
         if value not in names and value not in _ALIASES.get(key, ()):
             raise ConfigError(f"{key} {value!r} is not one of {'|'.join(names)}")
     from dit_trainer.objective import list_objectives
 
-    if cfg.objective not in list_objectives():
+    if cfg.objective not in ("auto", *list_objectives()):
         raise ConfigError(f"objective {cfg.objective!r} is not one of {'|'.join(['auto', *list_objectives()])}")
     check_device_name(cfg.train.device, "train.device")
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")
+
+
+def check_model(cfg) -> None:
+    """`objective: auto` made the model's own (so the run's config.yaml names what it trained), then
+    the objective against the model and the family's options typed and checked against its sizes."""
+    from dit_trainer.config.schema import all_keys
+    from dit_trainer.models.spec import family_options, objective_fits, release_objective
+
+    if cfg.objective == "auto":
+        cfg.objective = release_objective(cfg.model.name)
+    objective_fits(cfg.model.name, cfg.objective, cfg.model.learn_sigma)
+    elsewhere = [k for k in all_keys() if not k.startswith("model.")]
+    cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model, elsewhere)

@@ -6,7 +6,7 @@ import torch
 from dit_trainer.config import config_from_dict
 from dit_trainer.errors import ConfigError
 from dit_trainer.devices import COMPILE_MIN_PARAMS
-from dit_trainer.train.backends import AUTO_COMPILE_MIN_STEPS, resolve_compile
+from dit_trainer.train.choices import AUTO_COMPILE_MIN_STEPS, resolve_compile
 
 
 def _model(n_params):
@@ -60,7 +60,7 @@ def test_activation_budget_applies_to_compiled_blocks_without_ac(tmp_path, compi
                           "hidden_size": 32, "num_heads": 2, "num_classes": 4},
                           "train": {"max_steps": 5, "compile": compile_, "activation_checkpointing": ac,
                                     "activation_memory_budget": 0.6}})
-    with trainer._forward_context():
+    with trainer.forward_backward.forward_context():
         # Nothing is compiled yet: the blocks' graphs are partitioned inside their first forward.
         assert functorch_config.activation_memory_budget == (outside if expected is None else expected)
     assert functorch_config.activation_memory_budget == outside

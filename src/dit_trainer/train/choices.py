@@ -1,4 +1,5 @@
-"""What the trainer computes with: the autocast dtype on torch, or another engine (`backend`)."""
+"""What the trainer decides from the config and the device: the autocast dtype, the AdamW kernel,
+and whether `train.compile auto` compiles."""
 
 import torch
 
@@ -40,21 +41,8 @@ def fused_adamw(device: torch.device, params, sharded: bool):
     return True if device.type == "cuda" and len(kinds) == 1 else None
 
 
-def other_engine(cfg):
-    """The engine of a non-torch `backend` (only "mindspore": the dit-trainer[mindspore] extra)."""
-    if cfg.backend != "mindspore":
-        raise ConfigError(f"backend {cfg.backend!r} is not one of torch, mindspore")
-    try:
-        from dit_trainer_mindspore.engine import MindSporeEngine
-    except ImportError as err:
-        raise ConfigError(f"backend mindspore needs MindSpore ({err}); pip install 'dit-trainer[mindspore]' "
-                          "in an environment with numpy<2, or see scripts/mindspore_env.sh") from None
-    return MindSporeEngine(cfg)
-
-
-# `train.compile auto` compiles when the run repays the compile: on CPU the first per-block compile
-# of a DiT takes up to a minute and a compiled step of DiT-S/2 is 7-17% faster
-# (benchmarks/train_step.py), so short runs stay eager.
+# `train.compile auto` compiles when the run repays the compile: the first per-block compile of a
+# DiT takes about a minute, so short runs stay eager.
 AUTO_COMPILE_MIN_STEPS = 1000
 
 

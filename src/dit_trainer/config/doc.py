@@ -2,7 +2,7 @@
 
 The meaning is the comment after each field (`lr: float = 1e-4  # AdamW learning rate`), so the
 reference that `dit train --help` prints and `docs/config.md` holds cannot drift from the code.
-Regenerate the doc with `python -m dit_trainer.config_doc docs/config.md`.
+Regenerate the doc with `python -m dit_trainer.config.doc docs/config.md`.
 """
 
 import dataclasses
@@ -119,7 +119,7 @@ def markdown() -> str:
     lines = [
         "# Config reference",
         "",
-        "Generated from the config dataclasses by `python -m dit_trainer.config_doc docs/config.md`;",
+        "Generated from the config dataclasses by `python -m dit_trainer.config.doc docs/config.md`;",
         "a test checks that this file matches them. Set a key in the YAML file (`optim:` then `lr: 2e-4`)",
         "or on the command line (`dit train --config X.yaml --optim.lr 2e-4`). `dit train --print-config`",
         "prints the merged result.",

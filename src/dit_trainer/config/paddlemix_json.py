@@ -13,8 +13,9 @@ maps to `SiT-XL/2`, which `objective: auto` trains as SiT.
 import json
 from pathlib import Path, PurePath
 
-from dit_trainer.convert.model_config import model_config
 from dit_trainer.errors import ConfigError
+from dit_trainer.models.dit.sizes import model_config
+from dit_trainer.models.large_dit.sizes import SIZES as LARGE_DIT_SIZES
 
 DIFFUSERS_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim")
 
@@ -36,11 +37,9 @@ def is_large_dit(data, source="config") -> bool:
 
 def large_dit_config(data, source="config") -> dict:
     """Our `model:` section for PaddleMIX's DiT-LLaMA JSON (ppdiffusers' DiTLLaMA2DModel defaults)."""
-    from dit_trainer.models.large_dit import SIZES
-
     heads, layers = int(data["num_attention_heads"]), int(data["num_layers"])
     dim = heads * int(data["attention_head_dim"])
-    size = next((k for k, shape in SIZES.items() if shape == (dim, layers, heads)), None)
+    size = next((k for k, shape in LARGE_DIT_SIZES.items() if shape == (dim, layers, heads)), None)
     cfg = {"name": f"LargeDiT-{size or '600M'}/2", "input_size": int(data.get("sample_size", 32)),
            "in_channels": int(data.get("in_channels", 4)), "num_classes": int(data.get("num_classes", 1000)),
            "learn_sigma": bool(data.get("learn_sigma", True)),

@@ -1,0 +1,137 @@
+"""Saving and loading a training run's state under any layout: `Checkpointer`.
+
+Unsharded runs (one process, DDP) write full files from rank 0; sharded ones (FSDP, TP, PP or
+`checkpoint.sharded`) write DCP shards plus the full EMA that sampling reads. Either kind loads
+under any layout: shards reshard N -> M, full files are scattered into shards.
+"""
+
+import shutil
+
+import torch
+
+from dit_trainer.checkpoint import files as ckpt
+from dit_trainer.errors import CheckpointError
+from dit_trainer.parallel.utils import any_rank, barrier
+
+
+class Checkpointer:
+    """The model parts, optimizer and EMA of a run, saved to and loaded from `output_dir/checkpoints`."""
+
+    def __init__(self, output_dir, model_parts, optimizer, ema, dims, device, sharded: bool, keep: int):
+        """`sharded`: write DCP shards (any sharded layout, or `checkpoint.sharded`); `keep`: how many
+        of the newest checkpoints rotation keeps (0 keeps all)."""
+        self.output_dir, self.model_parts, self.optimizer, self.ema = output_dir, list(model_parts), optimizer, ema
+        self.dims, self.device, self.sharded, self.keep = dims, device, sharded, keep
+        # The kernel choice (fused, foreach) belongs to this layout's parameters, not to the writer's.
+        self._kernels = {k: optimizer.param_groups[0][k] for k in ("fused", "foreach")}
+
+    def _model(self):
+        model = self.model_parts[0]
+        return getattr(model, "module", model)  # DDP's wrapper holds the model under .module
+
+    def save(self, step: int, trainer_state: dict, config_text: str):
+        """Write checkpoint `step`; returns its final path (on rank 0; all ranks call it)."""
+        if not self.sharded:
+            if not self.dims.is_main:
+                return None
+            files = {
+                "model.safetensors": self._model().state_dict(),
+                "ema.safetensors": self.ema.state_dict(),
+                "optimizer.pt": self.optimizer.state_dict(),
+                "trainer_state.pt": trainer_state,
+                "config.yaml": config_text,
+            }
+            return ckpt.save_checkpoint(self.output_dir, step, files, keep=self.keep)
+        return self._save_sharded(step, trainer_state, config_text)
+
+    def _save_sharded(self, step: int, trainer_state: dict, config_text: str):
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from dit_trainer.checkpoint import sharded
+
+        main = self.dims.is_main
+        root = ckpt.checkpoint_root(self.output_dir)
+        tmp = root / f"step-{step:08d}.tmp"
+        error = None
+        try:
+            if main:
+                ckpt.begin_checkpoint(self.output_dir, step)
+        except OSError as err:
+            error = ckpt.write_failed(tmp, err)
+        # Every rank learns whether the folder exists before writing into it (no rank may hang).
+        if any_rank(error is not None, self.device):
+            raise error or CheckpointError(f"cannot write checkpoint {tmp}: rank 0 could not create it")
+        try:
+            sharded.save_sharded(tmp / "dcp", self.model_parts, self.optimizer, self.ema, trainer_state)
+            # Sampling and the converters read full weights; gathering them costs one all-gather per tensor.
+            sharded.export_safetensors(tmp / "ema.safetensors", self.ema.state_dict(), self.model_parts, self.dims)
+            if main:
+                (tmp / "config.yaml").write_text(config_text)
+                ckpt.write_manifest(tmp)
+        except (OSError, RuntimeError, CheckpointException) as err:
+            cause = err
+            if isinstance(err, CheckpointException):
+                failures = list(getattr(err, "failures", {}).values())
+                cause = failures[0][0] if failures and isinstance(failures[0], tuple) else RuntimeError(str(err))
+            error = ckpt.write_failed(tmp, cause) if main else CheckpointError(f"cannot write checkpoint {tmp}: {cause}")
+        if any_rank(error is not None, self.device):
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise error or CheckpointError(f"cannot write checkpoint {tmp}: another rank failed to write its shards")
+        if main:
+            ckpt.commit_checkpoint(tmp, self.keep)
+        barrier()
+        return root / f"step-{step:08d}"
+
+    def load(self, path) -> dict:
+        """Load weights, EMA and optimizer from checkpoint folder `path` (DCP shards under any layout,
+        or full files); returns its trainer state."""
+        try:
+            state = self._load(path)
+            for group in self.optimizer.param_groups:
+                group.update(self._kernels)
+        except CheckpointError:
+            raise
+        except (KeyError, ValueError, TypeError, RuntimeError, OSError) as err:
+            # A file that parsed but holds the wrong things (a state dict of another model, say).
+            text = str(err).strip().splitlines()
+            raise CheckpointError(f"{path}: cannot be loaded ({type(err).__name__}: {text[-1] if text else ''})") from None
+        barrier()
+        return state
+
+    def _load(self, path) -> dict:
+        if (path / "dcp").is_dir() or self.sharded:
+            from dit_trainer.checkpoint import sharded
+
+            if (path / "dcp").is_dir():
+                return sharded.load_sharded(path / "dcp", self.model_parts, self.optimizer, self.ema)
+            sharded.load_full_into_sharded(path, self.model_parts, self.optimizer, self.ema)
+            return ckpt.load_pt(path / "trainer_state.pt")
+        model_file = path / "model.safetensors"
+        ckpt.load_into(self._model(), ckpt.load_safetensors(model_file), model_file)
+        self.ema.load_state_dict(ckpt.load_safetensors(path / "ema.safetensors"))
+        self.optimizer.load_state_dict(ckpt.load_pt(path / "optimizer.pt"))
+        return ckpt.load_pt(path / "trainer_state.pt")
+
+    def weights_finite(self) -> bool:
+        """Whether every weight and EMA value this rank holds is finite."""
+        tensors = [p for part in self.model_parts for p in part.parameters()] + list(self.ema.shadow.values())
+        for t in tensors:
+            t = t.to_local() if hasattr(t, "to_local") else t
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return False
+        return True
+
+    def ema_model(self, build_model):
+        """A plain eval-mode model (from `build_model()`) holding the EMA weights on rank 0, None
+        elsewhere; a collective."""
+        from dit_trainer.checkpoint.sharded import gather_full
+
+        full = gather_full(self.ema.state_dict(), self.model_parts, self.dims)
+        if not self.dims.is_main:
+            return None
+        # Building initialises weights from the global RNG, which the run's data order depends on.
+        with torch.random.fork_rng(devices=[]):
+            model = build_model()
+        model.load_state_dict(full, strict=True)
+        return model.to(self.device).eval().requires_grad_(False)

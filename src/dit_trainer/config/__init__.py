@@ -1,0 +1,44 @@
+"""One typed config for every command: dataclass sections (`schema`), YAML/JSON files and
+`--section.field value` overrides (`load`), the allowed values (`checks`), model files including
+PaddleMIX's DiT JSON (`model_file`), and the reference `dit train --help` prints (`doc`).
+
+Torch-free: the MindSpore backend and `dit --help` read configs without importing torch.
+"""
+
+from dit_trainer.config.load import (
+    as_config,
+    backend_of,
+    build_config,
+    config_from_dict,
+    config_yaml,
+    flatten,
+    load_config,
+    parse_overrides,
+    read_settings,
+    save_config,
+    set_key,
+    settings_of,
+)
+from dit_trainer.config.schema import (
+    RETIRED_KEYS,
+    RFC_KEYS,
+    SECTIONS,
+    CheckpointConfig,
+    Config,
+    DataConfig,
+    DiffusionConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    TrainConfig,
+    all_keys,
+)
+from dit_trainer.transport.config import TransportConfig
+
+__all__ = [
+    "RETIRED_KEYS", "RFC_KEYS", "SECTIONS", "CheckpointConfig", "Config", "DataConfig", "DiffusionConfig",
+    "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig", "TransportConfig", "all_keys",
+    "as_config", "backend_of", "build_config", "config_from_dict", "config_yaml", "flatten", "load_config", "parse_overrides",
+    "read_settings", "save_config", "set_key", "settings_of",
+]

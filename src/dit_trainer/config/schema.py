@@ -1,0 +1,184 @@
+"""The config's sections: one dataclass each, every key a typed field with its meaning as a comment.
+
+Field names follow what PaddleMIX/DiT users already type (`model.name`, `data.path`,
+`train.max_steps`, `train.global_batch_size`, `optim.lr`, `checkpoint.save_steps`, ...). The
+comment after each field is its documentation (`dit train --help`, docs/config.md).
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from dit_trainer.transport.config import TransportConfig
+
+
+@dataclass
+class ModelConfig:
+    """What every model family shares. The family's own fields (`depth`, `hidden_size`, `dim`, ...)
+    live in `options` (`cfg.model.options["depth"]`), are written at this section's level in YAML,
+    and are typed and checked against the family's config dataclass (`ModelSpec.config_cls`)."""
+
+    name: str = "DiT-S/2"  # registered model name, e.g. DiT-XL/2 (any case)
+    input_size: int = 32  # latent (or pixel) side; taken from the data when not set
+    in_channels: int = 4  # latent (or pixel) channels; taken from the data when not set
+    num_classes: int = 1000  # class labels 0..num_classes-1; taken from the data when not set
+    learn_sigma: bool = True  # also predict the variance (the DiT release does)
+    class_dropout_prob: float = 0.1  # share of labels dropped for classifier-free guidance, in [0, 1)
+    weights_path: Optional[str] = None  # start from weights: our checkpoint dir, an original DiT .pt, or .safetensors
+    config_file: Optional[str] = None  # model from a PaddleMIX DiT JSON or our model YAML/JSON; keys set beside it win
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class DiffusionConfig:
+    num_timesteps: int = 1000  # diffusion steps of training
+    noise_schedule: str = "linear"  # linear | cosine | sigmoid
+    predict_xstart: bool = False  # predict the clean input instead of the noise
+    use_kl: bool = False  # train on the variational bound instead of the noise MSE
+    sigma_small: bool = False  # fixed small variance when the model does not learn it
+    rescale_learned_sigmas: bool = False  # rescale the variance term of the loss (improved DDPM)
+    timestep_sampler: str = "uniform"  # uniform | loss-second-moment
+
+
+@dataclass
+class DataConfig:
+    path: Optional[str] = None  # latents (shards from dit extract, .npy folder, fast-DiT features) or "digits"
+    labels_file: Optional[str] = None  # labels.json|.npy|.txt of a .npy folder (default: the one beside it)
+    unconditional: bool = False  # a .npy folder without labels: train one class
+    class_names: Optional[list] = None  # names of the classes, index = label; taken from the data when not set
+    random_flip: bool = True  # flip latents horizontally at random
+    num_workers: int = 2  # data loading processes
+    image_size: int = 256  # pixel size the latents came from (for decoding); taken from shards when not set
+    digits_size: int = 16  # side of the upsampled digits when path is "digits"
+    vae: Optional[str] = None  # VAE id or folder for decoding (shards record theirs); None for pixels
+    scaling_factor: float = 0.18215  # factor the latents were multiplied by (shards record theirs)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW beta1, in [0, 1)
+    beta2: float = 0.999  # AdamW beta2, in [0, 1)
+    eps: float = 1e-8  # AdamW epsilon
+    warmup_steps: int = 0  # linear learning-rate warmup steps
+    max_grad_norm: float = 0.0  # clip the gradient norm to this; 0 disables clipping
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000  # optimizer steps to train for
+    global_batch_size: int = 256  # samples per optimizer step over all processes
+    grad_accum_steps: int = 1  # split each process's batch into this many micro-batches
+    seed: int = 0  # seed of the data order, noise and initial weights
+    mixed_precision: str = "bf16"  # bf16 | fp16 | fp32; bf16 falls back to fp32 where unsupported
+    ema_decay: float = 0.9999  # EMA weight decay per step, in [0, 1]; lower it for short runs
+    ema_warmup: bool = False  # decay min(ema_decay, (1+step)/(10+step)): short runs get a useful EMA
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
+    activation_memory_budget: float = 0.8  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
+
+
+@dataclass
+class CheckpointConfig:
+    save_steps: int = 1000  # save a checkpoint every this many steps (and at the end)
+    save_total_limit: int = 3  # keep the newest this many checkpoints; 0 keeps all
+    resume: bool = True  # resume from the newest usable checkpoint in output_dir
+    resume_from: Optional[str] = None  # resume from this checkpoint folder or step number instead of the newest
+    sharded: bool = False  # torch.distributed.checkpoint instead of full safetensors
+    on_existing: str = "refuse"  # resume false over an earlier run: refuse | archive (move aside) | overwrite
+
+
+@dataclass
+class LoggingConfig:
+    log_steps: int = 10  # log the loss every this many steps
+    image_steps: int = 0  # draw a sample grid every this many steps; 0 disables
+    tensorboard: bool = True  # also write TensorBoard events (scalars and sample grids)
+    progress: bool = True  # show a progress bar
+    sample_steps: int = 50  # DDIM steps for the training-time grid
+    sample_cfg_scale: float = 4.0  # guidance scale of the training-time grid, >= 1
+    samples_per_class: int = 1  # grid samples per class
+    sample_classes: Optional[list] = None  # grid classes; None: up to 10 spread over the label range
+    mfu: bool = False  # log model FLOPs utilisation (measures the peak at start unless peak_tflops is set)
+    peak_tflops: float = 0.0  # peak TFLOP/s of one device for MFU (e.g. 989 for an H100 in bf16); 0 measures it
+    wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline works offline)
+    wandb_project: str = "dit-trainer"  # Weights & Biases project name
+
+
+@dataclass
+class ParallelConfig:
+    dp_replicate: int = 1  # data-parallel replicas (DDP, or HSDP's replicate groups)
+    dp_shard: int = -1  # FSDP shard degree; -1: whatever the other degrees leave of the world size
+    tp: int = 1  # tensor-parallel degree
+    pp: int = 1  # pipeline-parallel degree
+    pp_schedule: str = "gpipe"  # gpipe | 1f1b | interleaved1f1b
+    pp_microbatches: int = 4  # micro-batches per pipeline step
+    reshard_after_forward: bool = True  # FSDP frees gathered weights after forward (less memory, more traffic)
+    backend: str = "auto"  # auto | nccl | gloo; auto: nccl on GPU, gloo on CPU
+
+
+@dataclass
+class Config:
+    output_dir: str = "outputs/run"  # where checkpoints, metrics and samples go
+    objective: str = "auto"  # auto | diffusion | transport: what the model learns and how it samples; auto: what the model's releases used (transport for SiT, else diffusion)
+    backend: str = "torch"  # torch | mindspore (the `mindspore` extra; DiT with the diffusion objective)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def to_dict(self) -> dict:
+        """A plain nested dict (what `config.yaml` holds); family options sit in the model section."""
+        d = dataclasses.asdict(self)
+        d["model"].update(d["model"].pop("options"))
+        return d
+
+
+# The RFC's flat dict: {"model_name": "DiT-S/2", "weights_path": None, "lr": 1e-4, ...}
+RFC_KEYS = {
+    "model_name": "model.name",
+    "weights_path": "model.weights_path",
+    "lr": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "num_timesteps": "diffusion.num_timesteps",
+    "num_classes": "model.num_classes",
+    "input_size": "model.input_size",
+    "in_channels": "model.in_channels",
+    "learn_sigma": "model.learn_sigma",
+    "batch_size": "train.global_batch_size",
+    "seed": "train.seed",
+    "max_steps": "train.max_steps",
+    "ema_decay": "train.ema_decay",
+    "mixed_precision": "train.mixed_precision",
+    "data_path": "data.path",
+    "output_dir": "output_dir",
+}
+
+
+MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.type))
+
+# Keys older versions wrote into a run's config.yaml that nothing reads now: what replaced each.
+RETIRED_KEYS = {
+    "train.keep_freed_memory": "a CPU run keeps freed memory for reuse by itself",
+    "train.host_sync": "the trainer reads a step's checks when the device has them: every step on a CPU, "
+                       "at log steps on an accelerator",
+}
+
+
+def all_keys(cls=Config, prefix="") -> list:
+    """Every dotted key of `cls` (sections recursed into), `model.options` included."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(f.type):
+            keys += all_keys(f.type, prefix + f.name + ".")
+        else:
+            keys.append(prefix + f.name)
+    return keys

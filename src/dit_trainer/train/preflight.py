@@ -1,0 +1,50 @@
+"""Checks before step 1 that would otherwise fail minutes into a run, with a step's checkpoint
+unwritten: the output folder can be written, and the sample grids can be decoded."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+from dit_trainer.errors import CheckpointError, ConfigError
+
+
+def make_dir(*parts) -> Path:
+    """The folder `parts` joined, created if missing."""
+    p = Path(*[str(x) for x in parts])
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def check_writable(output_dir) -> None:
+    """A one-line error naming output_dir when it cannot be created or written."""
+    try:
+        probe = make_dir(output_dir) / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise CheckpointError(f"output_dir {output_dir} is not writable ({err.strerror or err}); "
+                              "pick another output_dir or fix its permissions") from None
+
+
+def check_grid_vae(cfg) -> None:
+    """A one-line ConfigError when the sample grids need a VAE folder that does not exist or
+    diffusers is missing; a Hub id is checked when it is loaded."""
+    if not cfg.logging.image_steps:
+        return
+    from dit_trainer.data.vae import looks_like_path
+    from dit_trainer.sample.decode import data_manifest, vae_source
+
+    source = vae_source(cfg)
+    if source is None:
+        return  # pixels, or latents previewed without a VAE
+    name = source[0]
+    from_manifest = (data_manifest(cfg.data.path) or {}).get("vae") == name
+    where = f" (recorded in {os.path.join(str(cfg.data.path), 'manifest.json')})" if from_manifest else ""
+    if not os.path.isdir(os.path.expanduser(name)) and looks_like_path(name):
+        raise ConfigError(
+            f"data.vae {name}{where} does not exist, and logging.image_steps {cfg.logging.image_steps} decodes "
+            f"sample grids with it; set data.vae to the VAE folder or Hub id the latents came from, or "
+            f"logging.image_steps 0")
+    if importlib.util.find_spec("diffusers") is None:
+        raise ConfigError(f"logging.image_steps {cfg.logging.image_steps} decodes sample grids with the VAE "
+                          f"{name}{where}, which needs diffusers (the vae extra); install it or set logging.image_steps 0")
