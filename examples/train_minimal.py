@@ -15,11 +15,11 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import config_yaml, load_config
+from dit_trainer.config import config_yaml
 from dit_trainer.diffusion import create_diffusion
 from dit_trainer.models import get_spec
 from dit_trainer.checkpoint import save_checkpoint
-from dit_trainer.data.loader import shape_from_data
+from dit_trainer.data.loader import config_with_data
 from dit_trainer.train.ema import create_ema, update_ema
 
 
@@ -60,9 +60,8 @@ def main(argv=None):
         "data.digits_size": args.image_size if args.data_path == "digits" else None,
         "train.seed": args.seed, "optim.lr": args.lr,
     }
-    cfg = load_config(None, [f"--{k}={v}" for k, v in overrides.items() if v is not None])
     # Opened before the model, which takes the shape the data records wherever no flag set one.
-    dataset = shape_from_data(cfg)
+    cfg, dataset = config_with_data({k: v for k, v in overrides.items() if v is not None})
 
     model = get_spec(cfg.model.name).build_model_fn(cfg).to(device)
     ema = create_ema(model)

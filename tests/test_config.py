@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from dit_trainer.config import Config, as_config, config_from_dict, load_config, parse_overrides, save_config, validate
+from dit_trainer.config import Config, as_config, config_from_dict, load_config, parse_overrides, save_config
 from dit_trainer.errors import ConfigError
 
 REQUIRED = ["model.name", "data.path", "train.max_steps", "train.global_batch_size", "train.seed", "optim.lr",
@@ -159,10 +159,13 @@ def test_objective_auto_follows_the_model():
     assert load_config(None, ["--model.name", "SiT-S/2"]).objective == "transport"
     assert load_config(None, ["--model.name", "DiT-S/2"]).objective == "diffusion"
     assert load_config(None, ["--model.name", "DiT-S/2", "--objective", "transport"]).objective == "transport"
-    # a name set after a first validation (a file, then the command line) still decides
-    cfg = config_from_dict({"model": {"name": "DiT-S/2"}})
+    # a name set on the command line after a file decides; so does one set on a Config built in code
+    assert load_config(None, ["--model.name", "DiT-S/2", "--model.name", "SiT-B/4"]).objective == "transport"
+    cfg = Config()
     cfg.model.name = "SiT-B/4"
-    assert validate(cfg).objective == "transport"
+    assert as_config(cfg).objective == "transport"
+    # once built, a config names its objective: the run's config.yaml says what it trained
+    assert "objective: transport" in __import__("dit_trainer.config", fromlist=["x"]).config_yaml(as_config(cfg))
     assert config_from_dict({"objective": "diffusion", "model": {"name": "SiT-S/2", "learn_sigma": False}}).objective \
         == "diffusion"
 

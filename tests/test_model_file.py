@@ -25,7 +25,7 @@ def tiny_json(tmp_path):
 def test_config_json_is_the_model_section(tiny_json):
     cfg = load_config(tiny_json)
     m = cfg.model
-    assert (m.depth, m.hidden_size, m.num_heads) == (2, 32, 2)
+    assert (m.options["depth"], m.options["hidden_size"], m.options["num_heads"]) == (2, 32, 2)
     assert (m.input_size, m.in_channels, m.num_classes, m.learn_sigma) == (8, 4, 10, True)
     assert cfg.train.max_steps == load_config(None).train.max_steps  # the rest keeps the defaults
 
@@ -35,7 +35,7 @@ def test_config_file_key_and_precedence(tiny_json, tmp_path):
     yml.write_text(yaml.safe_dump({"model": {"config_file": str(tiny_json), "depth": 3}, "train": {"max_steps": 5}}))
     cfg = load_config(yml, ["--model.num_classes", "7"])
     # beside-it keys and overrides win; the rest comes from the file; the path is not kept
-    assert (cfg.model.depth, cfg.model.num_classes, cfg.model.hidden_size, cfg.model.input_size) == (3, 7, 32, 8)
+    assert (cfg.model.options["depth"], cfg.model.num_classes, cfg.model.options["hidden_size"], cfg.model.input_size) == (3, 7, 32, 8)
     assert cfg.model.config_file is None and cfg.train.max_steps == 5
     saved = tmp_path / "saved.yaml"
     saved.write_text(yaml.safe_dump(cfg.to_dict()))
@@ -44,7 +44,7 @@ def test_config_file_key_and_precedence(tiny_json, tmp_path):
 
 def test_config_file_from_command_line(tiny_json):
     cfg = load_config(None, ["--model.config_file", str(tiny_json)])
-    assert (cfg.model.depth, cfg.model.hidden_size, cfg.model.num_classes) == (2, 32, 10)
+    assert (cfg.model.options["depth"], cfg.model.options["hidden_size"], cfg.model.num_classes) == (2, 32, 10)
 
 
 def test_our_layout_and_bare_section(tmp_path):
@@ -55,7 +55,7 @@ def test_our_layout_and_bare_section(tmp_path):
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"name": "DiT-S/4", "depth": 3}))
     assert load_model_file(bare) == {"name": "DiT-S/4", "depth": 3}
-    assert load_config(bare).model.depth == 3
+    assert load_config(bare).model.options["depth"] == 3
 
 
 @pytest.mark.parametrize("content,where", [

@@ -75,7 +75,7 @@ def ckpt(tmp_path_factory):
     """A tiny 1-channel checkpoint (config.yaml + ema.safetensors)."""
     cfg = Config()
     cfg.model.name, cfg.model.input_size, cfg.model.in_channels, cfg.model.num_classes = "DiT-S/4", 8, 1, 3
-    cfg.model.depth, cfg.model.hidden_size, cfg.model.num_heads = 1, 32, 2
+    cfg.model.options.update(depth=1, hidden_size=32, num_heads=2)
     cfg.data.path = "digits"
     model = get_spec(cfg.model.name).build_model_fn(cfg)
     files = {"ema.safetensors": model.state_dict(), "config.yaml": yaml.safe_dump(cfg.to_dict(), sort_keys=False)}

@@ -74,7 +74,7 @@ def test_written_folder_loads_with_dit_sample(ours_dir):
     from dit_trainer.sample import load_model
 
     model, cfg = load_model(str(ours_dir))
-    assert cfg.model.depth == 2 and cfg.data.vae.endswith("vae")
+    assert cfg.model.options["depth"] == 2 and cfg.data.vae.endswith("vae")
     assert torch.equal(model.state_dict()["blocks.1.mlp.fc2.weight"],
                        load_file(str(ours_dir / "ema.safetensors"))["blocks.1.mlp.fc2.weight"])
 

@@ -13,7 +13,7 @@ pytest.importorskip("diffusers")
 
 from dit_trainer.cli import main  # noqa: E402
 from dit_trainer.config import load_config  # noqa: E402
-from dit_trainer.data.loader import shape_from_data  # noqa: E402
+from dit_trainer.data.loader import config_with_data  # noqa: E402
 from dit_trainer.errors import ConfigError, DataError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,22 +77,20 @@ def test_extract_train_sample_without_model_keys(shards, capsys):
 
 
 def test_conflict_names_both_values_and_the_key(shards):
-    cfg = load_config(None, ["--data.path", shards["out"], "--model.input_size", "32"])
+    # Both values equal the defaults: set by the user, they still conflict with the data.
     with pytest.raises(ConfigError, match=r"model.input_size is 32 but .*manifest.json holds 8x8 latents; set model.input_size to 8"):
-        shape_from_data(cfg)
-    cfg = load_config(None, ["--data.path", shards["out"], "--model.num_classes", "1000"])
+        config_with_data({"data.path": shards["out"], "model.input_size": 32})
     with pytest.raises(ConfigError, match="model.num_classes is 1000 .* 2 classes"):
-        shape_from_data(cfg)
+        config_with_data({"data.path": shards["out"], "model.num_classes": "1000"})
 
 
 def test_npy_folder_needs_labels_or_unconditional(tmp_path):
     for i in range(3):
         np.save(tmp_path / f"{i}.npy", np.zeros((4, 8, 8), np.float32))
     with pytest.raises(DataError, match="no labels file.*labels.json.*data.unconditional: true"):
-        shape_from_data(load_config(None, ["--data.path", str(tmp_path)]))
-    cfg = load_config(None, ["--data.path", str(tmp_path), "--data.unconditional", "true"])
-    assert len(shape_from_data(cfg)) == 3 and cfg.model.num_classes == 1 and cfg.model.input_size == 8
+        config_with_data(load_config(None, ["--data.path", str(tmp_path)]))
+    cfg, dataset = config_with_data(load_config(None, ["--data.path", str(tmp_path), "--data.unconditional", "true"]))
+    assert len(dataset) == 3 and cfg.model.num_classes == 1 and cfg.model.input_size == 8
     (tmp_path / "labels.json").write_text(json.dumps({"labels": {"0": 0, "1": 1, "2": 2}, "class_names": ["a", "b", "c"]}))
-    cfg = load_config(None, ["--data.path", str(tmp_path)])
-    shape_from_data(cfg)
+    cfg, _ = config_with_data({"data": {"path": str(tmp_path)}})
     assert cfg.model.num_classes == 3 and cfg.data.class_names == ["a", "b", "c"]

@@ -11,7 +11,7 @@ def test_get_spec_builds_from_mapping_and_config():
     m = get_spec("DiT-S/2").build_model_fn({"input_size": 8, "num_classes": 10, "depth": 1, "model_name": "ignored"})
     assert isinstance(m, DiT) and m.num_classes == 10 and len(m.blocks) == 1
     cfg = Config()
-    cfg.model.input_size, cfg.model.depth, cfg.model.learn_sigma = 16, 2, False
+    cfg.model.input_size, cfg.model.options["depth"], cfg.model.learn_sigma = 16, 2, False
     m = get_spec("DiT-S/2").build_model_fn(cfg)
     assert m.input_size == 16 and len(m.blocks) == 2 and m.out_channels == 4
     m = get_spec("DiT-S/2").build_model_fn(cfg.model)
@@ -62,7 +62,7 @@ def test_lowercase_names_resolve():
 
 def test_family_options_are_typed_and_checked():
     cfg = config_from_dict({"model": {"name": "DiT-S/2", "depth": "3", "hidden_size": 64, "num_heads": 4}})
-    assert cfg.model.depth == 3 and isinstance(cfg.model.depth, int)
+    assert cfg.model.options["depth"] == 3 and isinstance(cfg.model.options["depth"], int)
     assert cfg.model.options == {"depth": 3, "hidden_size": 64, "num_heads": 4}
     with pytest.raises(ConfigError, match="model.depth") as err:
         config_from_dict({"model": {"name": "DiT-S/2", "depht": 3}})
@@ -76,7 +76,7 @@ def test_family_options_round_trip_through_yaml(tmp_path):
     assert cfg.to_dict()["model"]["depth"] == 3 and "options" not in cfg.to_dict()["model"]
     save_config(cfg, tmp_path / "c.yaml")
     back = load_config(tmp_path / "c.yaml")
-    assert back.model.options == cfg.model.options and back.model.mlp_ratio == 2.0
+    assert back.model.options == cfg.model.options and back.model.options["mlp_ratio"] == 2.0
 
 
 def test_specs_carry_the_family_hooks():

@@ -15,7 +15,7 @@ from dit_trainer.config.model_file import load_model_file
 def test_weights_file_with_model_json(pt_and_json):
     pt, js, want = pt_and_json
     model, cfg = L.load_model(pt, str(js))
-    assert (cfg.model.depth, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.num_classes) == (2, 32, 2, 10)
+    assert (cfg.model.options["depth"], cfg.model.options["hidden_size"], cfg.model.options["num_heads"], cfg.model.num_classes) == (2, 32, 2, 10)
     assert cfg.data.image_size == 64 and cfg.data.vae == L.DEFAULT_VAE  # 8x8 latents of SD's VAE
     assert torch.equal(model.y_embedder.embedding_table.weight, want.y_embedder.embedding_table.weight)
     with pytest.raises(ConfigError, match="--image-size 256 does not fit"):

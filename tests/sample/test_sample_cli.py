@@ -93,7 +93,7 @@ def test_guidance_interval_on_a_diffusion_run_is_refused(digits_ckpt, tmp_path, 
 
 def test_ema_weights_are_loaded(digits_ckpt):
     model, cfg = S.load_model(digits_ckpt[0])
-    assert cfg.model.depth == 2 and cfg.data.path == "digits"
+    assert cfg.model.options["depth"] == 2 and cfg.data.path == "digits"
     for (k, a), b in zip(model.state_dict().items(), digits_ckpt[1].state_dict().values()):
         assert torch.equal(a, b), k
     assert S.load_model(digits_ckpt[0].parent.parent)[1].model.name == "DiT-S/4"  # a run dir: newest checkpoint

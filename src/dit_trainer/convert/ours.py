@@ -97,14 +97,14 @@ def write(bundle: Bundle, out) -> Path:
     from safetensors.torch import save_file
 
     from dit_trainer.class_names import imagenet_class_names
-    from dit_trainer.config import Config, config_yaml
+    from dit_trainer.config import Config, config_yaml, set_key
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = Config()
     plain = {k: v for k, v in bundle.model.items() if k not in CONVENTION_KEYS}
     for key, value in plain.items():
-        setattr(cfg.model, key, value)
+        set_key(cfg, f"model.{key}", value)
     cfg.diffusion.num_timesteps = int(bundle.diffusion.get("num_timesteps", 1000))
     cfg.diffusion.noise_schedule = bundle.diffusion.get("noise_schedule", "linear")
     cfg.diffusion.predict_xstart = bool(bundle.diffusion.get("predict_xstart", False))

@@ -12,7 +12,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
 
     `model_name` is a registered name or a model config file (PaddleMIX DiT JSON, our YAML)."""
     from dit_trainer.checkpoint import checkpoint_folder, load_into, load_weights
-    from dit_trainer.config import Config, load_config, validate
+    from dit_trainer.config import config_from_dict, load_config
     from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.models import get_spec
 
@@ -45,11 +45,9 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         size = int(image_size or 256)
         if size % 8:
             raise ConfigError(f"--image-size {size} is not a multiple of 8 (the VAE's downsampling factor)")
-        cfg = Config()
-        cfg.model.name, cfg.model.input_size, cfg.model.num_classes = model_name, size // 8, int(num_classes)
-        cfg.data.image_size, cfg.data.vae = size, DEFAULT_VAE
         try:
-            validate(cfg)
+            cfg = config_from_dict({"model": {"name": model_name, "input_size": size // 8, "num_classes": int(num_classes)},
+                                    "data": {"image_size": size, "vae": DEFAULT_VAE}})
         except ConfigError as err:
             raise ConfigError(f"--model {model_name} --image-size {size}: {err}") from None
     spec = get_spec(cfg.model.name)
