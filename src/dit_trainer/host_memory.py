@@ -12,7 +12,7 @@ glibc has no way back to its dynamic threshold, so it is applied once and left o
 
 The commands that compute on a CPU without a trainer (`dit sample`, `sample-ddp`, `eval`,
 `extract`) apply it too: inference frees each activation as the forward goes, so they faulted as
-much (benchmarks/malloc.py: 2.5-3.1M minor faults per batch of DiT sampling, FID Inception
+much (tools/profiling/malloc.py: 2.5-3.1M minor faults per batch of DiT sampling, FID Inception
 features or an SD-size VAE encode; 1.33x, 1.52x and 1.36x images/s kept), at a price where layer
 sizes vary: blocks that do not fit the next request stay in the heap (1.9x and 1.44x peak RSS for
 Inception and the VAE; a DiT's repeated block sizes grew it 2%). Library functions (`sample_latents`, `run_extract`, ...) do not

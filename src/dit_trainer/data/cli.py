@@ -10,7 +10,7 @@ def _extract(args) -> int:
     from dit_trainer.data.extract import run_extract
 
     # A VAE encode of SD's size frees activations of up to 256 MiB as it goes (8 images of 256 px,
-    # 128 channels): on CPU glibc unmapped and page-faulted them back every batch (benchmarks/malloc.py:
+    # 128 channels): on CPU glibc unmapped and page-faulted them back every batch (tools/profiling/malloc.py:
     # 1.36x images/s with them kept, at 1.44x the peak RSS).
     keep_freed_memory_on(args.device, args.keep_freed_memory == "true")
     stats = run_extract(

@@ -46,7 +46,7 @@ def run(args) -> int:
     from dit_trainer.evaluate.evaluator import evaluate, reference_from_images
 
     # Inception at batch 64 frees activations of up to ~170 MiB per layer: on CPU glibc unmapped and
-    # page-faulted them back every batch (benchmarks/malloc.py: 1.52x images/s with them kept, at
+    # page-faulted them back every batch (tools/profiling/malloc.py: 1.52x images/s with them kept, at
     # 1.9x the peak RSS).
     keep_freed_memory_on(args.device, args.keep_freed_memory == "true")
     if args.ref_from_images:
