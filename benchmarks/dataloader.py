@@ -1,7 +1,7 @@
 """Latents/s through a DataLoader: packed shards vs one `.npy` per latent, on the same 4×32×32 data.
 
     python benchmarks/dataloader.py [--num 10000] [--workers 2] [--batch-size 256] [--epochs 3]
-                                    [--extract-images 256]
+                                    [--extract-images 256] [--json PATH]
 
 Every loader shuffles (random access, as in training) with random flips on; the files are read once
 before timing so all runs see a warm page cache. Then `dit extract` encodes synthetic JPEGs with a
@@ -11,6 +11,7 @@ than a real VAE. Writes its data to a temporary folder and deletes it.
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
@@ -62,8 +63,8 @@ def write_extract_layout(root: str, latents: np.ndarray, shard_size: int) -> str
     return out
 
 
-def measure(ds, args) -> float:
-    """Latents/s over `args.epochs` shuffled epochs after one warm-up epoch."""
+def measure(ds, args) -> tuple[float, float]:
+    """(latents/s, latents per epoch) over `args.epochs` shuffled epochs after one warm-up epoch."""
     loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                         persistent_workers=args.workers > 0, drop_last=False)
     for _ in loader:
@@ -73,7 +74,7 @@ def measure(ds, args) -> float:
     for _ in range(args.epochs):
         for x, _ in loader:
             seen += len(x)
-    return seen / (time.perf_counter() - start)
+    return seen / (time.perf_counter() - start), seen / args.epochs
 
 
 def measure_extract(root: str, num: int, args) -> dict:
@@ -119,6 +120,7 @@ def main(argv=None) -> None:
     parser.add_argument("--shard-size", type=int, default=4096)
     parser.add_argument("--extract-images", type=int, default=256, help="images for the extraction timing; 0 skips it")
     parser.add_argument("--dir", default=None, help="scratch folder (default: a temporary one)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the numbers to PATH as JSON")
     args = parser.parse_args(argv)
     try:
         root = tempfile.mkdtemp(prefix="dit-bench-", dir=args.dir)
@@ -142,9 +144,10 @@ def main(argv=None) -> None:
               f"shuffle, {args.epochs} timed epochs; {os.cpu_count()} CPUs, {platform.machine()}, "
               f"torch {torch.__version__}, numpy {np.__version__}, load average {os.getloadavg()[0]:.1f} "
               f"(setup {setup:.0f} s)")
-        results = {}
+        results, numbers = {}, {"num": args.num, "loaders": {}}
         for name, ds in rows:
-            results[name] = measure(ds, args)
+            results[name], per_epoch = measure(ds, args)
+            numbers["loaders"][name] = {"latents_per_s": results[name], "latents_per_epoch": per_epoch}
             print(f"{name:<70} {results[name]:>10,.0f} latents/s")
         base = results[rows[0][0]]
         print(f"{'speed-up of converted shards over per-file':<70} {results[rows[1][0]] / base:>10.1f}x")
@@ -154,6 +157,10 @@ def main(argv=None) -> None:
             print(f"{name:<70} {stats['images_per_s']:>10,.0f} images/s")
             name = f"  of which image decoding + ADM crop alone, {args.workers} workers"
             print(f"{name:<70} {stats['pipeline_images_per_s']:>10,.0f} images/s")
+            numbers["extract"] = {k: stats[k] for k in ("images", "images_per_s", "pipeline_images_per_s")}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(numbers, f, indent=2)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -76,18 +76,6 @@ def _reset_peak(device):
             pass
 
 
-def _peak_mib(device) -> float:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _state_mib(trainer) -> float:
     from dit_trainer.parallel.utils import local
 
@@ -104,6 +92,7 @@ def _state_mib(trainer) -> float:
 def worker(args):
     import torch
     import torch.distributed as dist
+    from _common import peak_mib
 
     from dit_trainer.train import DiTTrainer
 
@@ -130,7 +119,7 @@ def worker(args):
         if world > 1:
             dist.barrier()
         step_s = (time.perf_counter() - t0) / args.steps
-        mine = {"state": _state_mib(trainer), "peak": _peak_mib(trainer.device)}
+        mine = {"state": _state_mib(trainer), "peak": peak_mib(trainer.device)}
         every = [None] * world
         if world > 1:
             dist.all_gather_object(every, mine)

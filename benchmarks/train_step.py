@@ -1,33 +1,31 @@
-"""Speed, MFU and peak memory of `DiTTrainer.train_step`, per precision/compile/AC variant, against
-an fp32 baseline and a matmul peak measured in the same process.
+"""Speed, MFU and peak memory of `DiTTrainer.train_step`, per precision/compile/AC variant, side by
+side with facebookresearch/DiT's training loop and a matmul peak measured in the same process.
 
-    python benchmarks/train_step.py                          # DiT-S/2, 32x32x4 latents, batch 32: a row per change
-    python benchmarks/train_step.py --model DiT-B/2 --batch-size 16
-    python benchmarks/train_step.py --variants fp32,fp32+ac,bf16+compile+ac --device cuda
-    python benchmarks/train_step.py --model DiT-B/2 --batch-size 64 --depth 4
+    python benchmarks/train_step.py                          # DiT-S/2, 32x32x4 latents, batch 32
+    python benchmarks/train_step.py --fp32 --ac              # adds fp32 and bf16+compile+ac
+    python benchmarks/train_step.py --variants orig-fp32,fp32,bf16+compile+ac --device cuda --steps 20
+    python benchmarks/train_step.py --model DiT-B/2 --depth 4 --batch-size 16 --json out.json
 
 1. Matmul peak: best time of square matmuls (n = 2048, 3072, 4096; 8192 too on CUDA) for fp32
    and bf16, in this process, with its thread count and TF32 setting.
 2. FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` around one forward+backward of the
-   model at batch 2, divided by 2 (a DiT's FLOPs per image do not depend on the batch). Matmuls,
-   convolutions and attention count; on CPU the flash-attention kernel is counted with PyTorch's
-   own SDPA formulas, which it has no mapping for.
-   These are model FLOPs: recomputation under activation checkpointing and the optimizer and EMA
-   arithmetic are not counted, so MFU is the usual "useful work" ratio.
-3. Each variant is a fresh `DiTTrainer` (AdamW, EMA, diffusion loss, label dropout) fed the same
-   in-memory batch through `train_step((x, y))`: warm-up steps, then timed steps (s/step is the
-   median, with the range). All variants run in this one process, one after another. The default
-   5 warm-up steps matter on a CPU: a fresh trainer page-faults new memory every step until
-   glibc's mmap threshold has grown past its activations' sizes, and the original loop needs about
-   5 steps for that (the last lines print every variant's warm-up step times), so a short warm-up
-   times part of the baseline's transient, which can only flatter every ratio to it.
+   model at batch 2, divided by 2 (every op of a DiT is per sample). Matmuls, convolutions and
+   attention count; recomputation under activation checkpointing and the optimizer and EMA
+   arithmetic do not, so MFU is the usual "useful work" ratio.
+3. Each variant is a fresh trainer fed the same in-memory batch: `--warmup` untimed steps (at least
+   2 with compile; their times are printed), then `--steps` steps timed together, run as `train()`
+   runs them (`run_steps`). All variants run in this one process, one after another.
 4. Peak memory: on CUDA `torch.cuda.max_memory_allocated` (reset before each variant builds its
-   trainer). On CPU the peak RSS of a process that already ran another variant says nothing, so
-   each variant is re-run in a fresh process (`--only VARIANT`, as many steps as were timed and
-   warmed up: the original loop's peak RSS still grows over its first steps) and its VmHWM is
-   reported; the header gives what such a process holds after its imports, before building the trainer.
+   trainer). On CPU a process's peak RSS only grows, so each variant is re-run for as many steps in
+   a fresh process (`--only VARIANT`) and its VmHWM is reported.
 
-The rows, their modifiers and the baseline loop are described in train_step_variants.py.
+Variants: `orig-fp32` and `orig-bf16` are the baseline, facebookresearch/DiT's train.py step as it
+writes it (plain model, `training_losses` drawing t and noise inside, AdamW, EMA by a loop over named
+parameters), the second under one `torch.autocast(bfloat16)` around the forward and loss, as a user
+would add it. Any other variant is a `DiTTrainer`: a precision (fp32 | bf16 | fp16) with optional
+`+compile` (`train.compile`), `+ac`/`+sac` (`train.activation_checkpointing full/selective`) and
+`+budgetX` (`train.activation_memory_budget X`). Without native bf16 the trainer computes bf16 in
+fp32, so the default list is the fp32 path and no MFU is given against the emulated bf16 peak.
 """
 
 import argparse
@@ -35,52 +33,151 @@ import datetime
 import gc
 import json
 import os
-import platform
-import resource
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
-import train_step_variants
-from train_step_interleave import check_interleavable, paired_ratio, time_interleaved
-from train_step_variants import (DTYPES, build_trainer, default_variants, make_batch, make_config, new_row,
-                                 parse_variant, sync, undone_changes, warm_up)
+from _common import machine, peak_mib, sync, table, vm_mib
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+MODIFIERS = ("compile", "ac", "sac", "budgetX")
 
 
-# -- helpers -----------------------------------------------------------------------------------
+# -- the rows ----------------------------------------------------------------------------------
 
 
-def loadavg() -> str:
+def default_variants(has_bf16: bool, fp32: bool, ac: bool) -> list[str]:
+    """The rows a plain run prints: the baselines, then the trainer eager and compiled."""
+    if not has_bf16:
+        return ["orig-fp32", "fp32", "fp32+compile"] + ["fp32+compile+ac"] * ac
+    return ["orig-fp32", "orig-bf16", "bf16", "bf16+compile"] + ["fp32"] * fp32 + ["bf16+compile+ac"] * ac
+
+
+def parse_variant(name: str) -> dict:
+    """A variant name as the precision and compile/AC settings it stands for."""
+    if name in ("orig-fp32", "orig-bf16"):
+        return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True}
+    precision, *mods = name.split("+")
+    budgets = [m[len("budget"):] for m in mods if m.startswith("budget")]
+    mods = [m for m in mods if not m.startswith("budget")]
+    if (precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods)
+            or len(budgets) > 1 or not all(_is_fraction(b) for b in budgets)):
+        raise SystemExit(f"bad variant {name!r}: want orig-fp32, orig-bf16 or fp32|bf16|fp16 optionally followed by +"
+                         + ", +".join(MODIFIERS))
+    return {"name": name, "precision": precision, "compile": "compile" in mods,
+            "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
+            "budget": float(budgets[0]) if budgets else None}
+
+
+def _is_fraction(text: str) -> bool:
     try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
+        return 0 < float(text) <= 1
+    except ValueError:
+        return False
 
 
-def proc_status_mib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+def make_config(args, variant: dict) -> dict:
+    """The trainer config a variant stands for, at the run's model size and batch."""
+    model = {"name": args.model, "input_size": args.input_size, "in_channels": args.in_channels,
+             "num_classes": args.num_classes}
+    for key in ("depth", "hidden_size", "num_heads"):
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
+    for item in args.model_option or []:
+        key, _, value = item.partition("=")
+        model[key] = value
+    budget = {"activation_memory_budget": variant["budget"]} if variant.get("budget") else {}
+    return {
+        "output_dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "dit-bench-train-step"),
+        "model": model,
+        "data": {"num_workers": 0},
+        "train": {"global_batch_size": args.batch_size, "device": args.device, "mixed_precision": variant["precision"],
+                  "compile": variant["compile"], "activation_checkpointing": variant["ac"] or "none", **budget},
+        "logging": {"progress": False, "tensorboard": False},
+    }
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def make_batch(args, device):
+    """One fixed batch of random latents and labels on `device`."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.batch_size, args.in_channels, args.input_size, args.input_size, generator=g)
+    y = torch.randint(0, args.num_classes, (args.batch_size,), generator=g)
+    return x.to(device), y.to(device)
 
 
+def build_model(args, variant: dict, device):
+    """The registered model at the run's size, seeded, on `device`."""
+    from dit_trainer.config import config_from_dict
+    from dit_trainer.models import get_spec
 
-# -- 1. matmul peak --------------------------------------------------------------------------
+    cfg = config_from_dict(make_config(args, variant))
+    torch.manual_seed(0)
+    return get_spec(cfg.model.name).build_model_fn(cfg).to(device)
+
+
+class OriginalLoop:
+    """facebookresearch/DiT's train.py step: the baseline every variant is compared with."""
+
+    def __init__(self, args, variant, device):
+        import copy
+
+        from dit_trainer.diffusion import create_diffusion
+
+        self.model = build_model(args, variant, device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False)
+        self.diffusion = create_diffusion(timestep_respacing="")
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0)
+        self.device = device
+        self.amp_dtype = torch.bfloat16 if variant["precision"] == "bf16" else None
+
+    @torch.no_grad()
+    def update_ema(self, decay=0.9999):
+        """The release's EMA: a loop over named parameters."""
+        ema_params = dict(self.ema.named_parameters())
+        for name, param in self.model.named_parameters():
+            ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)
+
+    def train_step(self, batch):
+        """One step as the release's loop runs it; returns the loss as a float."""
+        x, y = batch
+        self.model.train()
+        t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=self.device)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            loss = self.diffusion.training_losses(self.model, x, t, dict(y=y))["loss"].mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.update_ema()
+        return {"loss": loss.item()}
+
+
+def build_trainer(args, variant):
+    """The baseline loop or a `DiTTrainer` for the variant."""
+    if variant.get("original"):
+        return OriginalLoop(args, variant, torch.device(args.device))
+    from dit_trainer.train import DiTTrainer
+
+    return DiTTrainer(make_config(args, variant))
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def run_steps(trainer, batch, n: int) -> None:
+    """Run `n` training steps on `batch` as `train()` runs them, and return once the device has finished them."""
+    # train.host_sync log (auto on a GPU): the host queues the steps without reading their results
+    # back, and train() reads them at its log step, so the queued steps are flushed once at the end.
+    deferred = getattr(trainer, "deferred", None)
+    if deferred is None:
+        for _ in range(n):
+            trainer.train_step(batch)  # returns .item() floats: the step is finished on return
+    else:
+        for _ in range(n):
+            trainer.deferred_step(batch)
+        deferred.flush(trainer)
+    sync(batch[0].device)
 
 
 def native_bf16(device) -> bool:
@@ -90,9 +187,13 @@ def native_bf16(device) -> bool:
     return resolve_amp_dtype("bf16", device) is not None
 
 
-def matmul_peak(dtype, device, reps: int, sizes=None) -> tuple[float, int]:
+def peak_sizes(device) -> tuple:
+    """The square matmul sizes the peak is measured at."""
+    return (2048, 3072, 4096) + ((8192,) if device.type == "cuda" else ())
+
+
+def matmul_peak(dtype, device, reps: int, sizes) -> tuple[float, int]:
     """Best TFLOP/s over square matmul sizes; returns (TFLOP/s, n of the best)."""
-    sizes = sizes or (2048, 3072, 4096) + ((8192,) if device.type == "cuda" else ())
     inner = 20 if device.type == "cuda" else 1  # matmuls per timed call
     best, best_n = 0.0, 0
     for n in sizes:
@@ -112,50 +213,32 @@ def matmul_peak(dtype, device, reps: int, sizes=None) -> tuple[float, int]:
     return best, best_n
 
 
-# -- 2. FLOPs per image ----------------------------------------------------------------------
-
-
 def flops_per_image(args, device, batch: int) -> float:
     """FlopCounterMode over one forward+backward of the model at `batch` samples, / batch."""
     import torch.utils.flop_counter as fc
 
-    from dit_trainer.config import config_from_dict
-    from dit_trainer.models import get_spec
-
     aten = torch.ops.aten
-
     # PyTorch maps the CUDA attention kernels to its SDPA formulas but not the CPU flash kernel.
-    def sdpa_cpu(q, k, v, *rest, **kw):
-        return fc.sdpa_flop_count(q, k, v)
-
-    def sdpa_cpu_backward(grad_out, q, k, v, *rest, **kw):
-        return fc.sdpa_backward_flop_count(grad_out, q, k, v)
-
     extra = {}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        extra[aten._scaled_dot_product_flash_attention_for_cpu] = sdpa_cpu
-        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = sdpa_cpu_backward
-
-    cfg = config_from_dict(make_config(args, parse_variant("fp32")))
-    torch.manual_seed(0)
-    model = get_spec(cfg.model.name).build_model_fn(cfg).to(device).train()
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = lambda q, k, v, *a, **kw: fc.sdpa_flop_count(q, k, v)
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
+            lambda grad_out, q, k, v, *a, **kw: fc.sdpa_backward_flop_count(grad_out, q, k, v))
+    model = build_model(args, parse_variant("fp32"), device).train()
     x, y = (v[:batch] for v in make_batch(args, device))
     t = torch.randint(0, 1000, (batch,), device=device)
     with fc.FlopCounterMode(display=False, custom_mapping=extra) as counter:
         model(x, t, y).sum().backward()
-    total = counter.get_total_flops()
-    del model
-    return total / batch
+    return counter.get_total_flops() / batch
 
 
-# -- 3./4. one variant ------------------------------------------------------------------------
+def warmup_steps(args, variant: dict) -> int:
+    """Untimed steps first: at least 2 with compile, which happens in them."""
+    return max(args.warmup, 2) if variant["compile"] else args.warmup
+
 
 def time_variant(args, variant: dict, device) -> dict:
-    with undone_changes(variant):
-        return _time_variant(args, variant, device)
-
-
-def _time_variant(args, variant: dict, device) -> dict:
+    """Build the variant's trainer, warm it up, time `--steps` steps; its row."""
     gc.collect()
     torch._dynamo.reset()  # each compiled variant traces its own graphs, and its warm-up shows the cost
     if device.type == "cuda":
@@ -163,60 +246,40 @@ def _time_variant(args, variant: dict, device) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     trainer = build_trainer(args, variant)
     batch = make_batch(args, device)
-    row = new_row(variant, trainer, warm_up(args, variant, trainer, batch, device))
-    times = row["times"]
-    before = resource.getrusage(resource.RUSAGE_SELF)  # kernel time and page faults of the timed steps
-    deferred = getattr(trainer, "deferred", None)
-    if deferred is not None:
-        # train.host_sync log (auto on a GPU): what train() runs; the host queues the steps without
-        # waiting, so they are timed together, up to the log step that reads them.
-        sync(device)
+    warm = []
+    for _ in range(warmup_steps(args, variant)):
         t0 = time.perf_counter()
-        for _ in range(args.steps):
-            trainer.deferred_step(batch)
-        deferred.flush(trainer)
-        sync(device)
-        times += [(time.perf_counter() - t0) / args.steps] * args.steps
-    for _ in range(args.steps if deferred is None else 0):
-        sync(device)
-        t0 = time.perf_counter()
-        trainer.train_step(batch)  # returns .item() floats: the step is finished on return
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    row["sys_s"] = (after.ru_stime - before.ru_stime) / args.steps
-    row["minflt"] = (after.ru_minflt - before.ru_minflt) / args.steps
+        run_steps(trainer, batch, 1)
+        warm.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    run_steps(trainer, batch, args.steps)
+    row = {"variant": variant["name"], "s_per_step": (time.perf_counter() - t0) / args.steps, "warm_times": warm,
+           # bf16 falls back to fp32 without native support
+           "compute": DTYPE_NAMES.get(trainer.amp_dtype, "fp32"),
+           "params": sum(p.numel() for p in trainer.model.parameters())}
     if device.type == "cuda":
-        row["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        row["peak_mib"] = peak_mib(device)
     del trainer, batch
     gc.collect()
     return row
 
 
 def probe_memory(args, variant: dict, device) -> dict:
-    """Child of `--only`: peak RSS of a fresh process that builds the trainer and runs `--probe-steps`."""
+    """Child of `--only`: peak RSS of a fresh process that builds the trainer and runs the steps timed."""
     import dit_trainer.train  # noqa: F401  (the imports belong to the baseline, not the variant)
 
     batch = make_batch(args, device)
-    base = proc_status_mib("VmRSS")
-    with undone_changes(variant):
-        trainer = build_trainer(args, variant)
-        for _ in range(args.probe_steps):
-            trainer.train_step(batch)
-    return {"variant": variant["name"], "base_mib": base, "peak_mib": proc_status_mib("VmHWM")}
+    base = vm_mib("VmRSS")
+    run_steps(build_trainer(args, variant), batch, warmup_steps(args, variant) + args.steps)
+    return {"variant": variant["name"], "base_mib": base, "peak_mib": peak_mib(device)}
 
 
 def memory_in_fresh_process(args, variant: dict) -> dict:
-    return fresh_process(args, variant, "MEM", [])
-
-
-def fresh_process(args, variant: dict, tag: str, extra: list) -> dict:
-    """Run `--only VARIANT` (plus `extra`) in a new interpreter and return its `tag` line's JSON."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--only", variant["name"], *extra, "--model", args.model,
+    """Run `--only VARIANT` in a new interpreter and return its MEM line's JSON."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--only", variant["name"], "--model", args.model,
            "--batch-size", str(args.batch_size), "--input-size", str(args.input_size),
            "--in-channels", str(args.in_channels), "--num-classes", str(args.num_classes),
-           "--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps),
-           "--probe-steps", str(args.probe_steps)]
+           "--device", args.device, "--warmup", str(args.warmup), "--steps", str(args.steps)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     for key in ("depth", "hidden_size", "num_heads"):
@@ -226,28 +289,14 @@ def fresh_process(args, variant: dict, tag: str, extra: list) -> dict:
         cmd += ["--model-option", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     for line in proc.stdout.splitlines():
-        if line.startswith(tag + " "):
-            return json.loads(line[len(tag) + 1:])
-    sys.exit(f"{tag} run of {variant['name']} in a fresh process failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        if line.startswith("MEM "):
+            return json.loads(line[len("MEM "):])
+    sys.exit(f"memory run of {variant['name']} in a fresh process failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
 
 
-# -- output ------------------------------------------------------------------------------------
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    right = [i > 0 for i in range(len(header))]
-
-    def line(cells):
-        return "| " + " | ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right)) + " |"
-
-    rule = "|" + "|".join("-" * (w + 1) + ":" if r else ":" + "-" * (w + 1) for w, r in zip(widths, right)) + "|"
-    return "\n".join([line(header), rule, *map(line, rows)])
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__ + "\n" + train_step_variants.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; --device auto resolved."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="DiT-S/2", help="registered model name (default: %(default)s)")
     ap.add_argument("--depth", type=int, default=None, help="override the model's depth")
     ap.add_argument("--hidden-size", type=int, default=None, help="override the model's hidden size")
@@ -259,130 +308,100 @@ def main():
     ap.add_argument("--num-classes", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (default: %(default)s)")
-    ap.add_argument("--interleave", type=int, default=0, metavar="R",
-                    help="build every variant first, then time R rounds of one step each, order rotated; speed "
-                         "ratios are the median of per-round ratios (train_step_interleave.py); replaces --steps")
     ap.add_argument("--warmup", type=int, default=5,
                     help="untimed steps first (default: %(default)s; at least 2 with compile): on a CPU a fresh "
-                         "process page-faults new memory every step until glibc's mmap threshold has grown, "
-                         "about 5 steps for the original loop")
+                         "process page-faults new memory over its first steps")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: %(default)s)")
     ap.add_argument("--fp32", action="store_true", help="add the fp32 variant to the default list")
     ap.add_argument("--ac", action="store_true", help="add the bf16+compile+ac variant to the default list")
-    ap.add_argument("--variants", default=None, help="comma-separated list instead, e.g. fp32,bf16,bf16+compile+ac")
+    ap.add_argument("--variants", default=None, help="comma-separated list instead, e.g. orig-fp32,bf16,bf16+compile+ac")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--peak-reps", type=int, default=3, help="timed repetitions per matmul size")
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs on CPU")
-    ap.add_argument("--only", default=None, help="run VARIANT's CPU memory probe in this process and print it")
-    ap.add_argument("--probe-steps", type=int, default=None, help=argparse.SUPPRESS)  # default: warm-up + timed
-    ap.add_argument("--time-only", action="store_true", help=argparse.SUPPRESS)  # with --only: time it, print ROW
-    args = ap.parse_args()
-    if args.probe_steps is None:
-        # The original loop's peak RSS still grows over its first steps (heap fragmentation as the
-        # mmap threshold rises), so the probe runs as many steps as the timing did.
-        args.probe_steps = args.warmup + (args.interleave or args.steps)
+    ap.add_argument("--json", metavar="PATH", default=None, help="also write the numbers to PATH as JSON")
+    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)  # the CPU memory probe's child
+    args = ap.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return args
+
+
+def main(argv=None):
+    """Measure every variant and print the header and table (and write --json)."""
+    args = parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-
-    if args.only and args.time_only:
-        print("ROW " + json.dumps(time_variant(args, parse_variant(args.only), device)), flush=True)
-        return
     if args.only:
         print("MEM " + json.dumps(probe_memory(args, parse_variant(args.only), device)), flush=True)
         return
-
     has_bf16 = native_bf16(device)
-    names = (args.variants.split(",") if args.variants else default_variants(has_bf16, args.fp32, args.ac))
+    names = args.variants.split(",") if args.variants else default_variants(has_bf16, args.fp32, args.ac)
     variants = [parse_variant(n) for n in names]
-    if args.interleave:
-        check_interleavable(variants)  # before minutes of matmul peaks
-    start = time.perf_counter()
-    load_start = loadavg()
+    start, header = time.perf_counter(), machine(device)
 
     dtypes = ["fp32", "bf16"] + sorted({v["precision"] for v in variants} - {"fp32", "bf16"})
-    # Without native bf16 a 2048-sized bf16 matmul takes about a minute (seen: 1 GFLOP/s on an
-    # AVX2-only CPU, 100x below fp32): one small size shows that, and nothing is divided by it.
-    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps, None if has_bf16 or d != "bf16" else (512,))
+    # Without native bf16 a 2048-sized bf16 matmul takes about a minute (emulated, ~100x below
+    # fp32): one small size shows that, and nothing is divided by it.
+    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps, peak_sizes(device) if has_bf16 or d != "bf16" else (512,))
              for d in dtypes}
-    # Every op of a DiT is per sample, so FLOPs/img do not depend on the batch (checked: DiT-S/2 counts
-    # the same at 1, 2 and 32); counting at 2 saves a full-batch fp32 step on a CPU.
     flop_batch = min(args.batch_size, 2)
     flops_img = flops_per_image(args, device, flop_batch)
-    # The originals first, while glibc's malloc is as a user has it: building a DiTTrainer on CPU
-    # changes it for the rest of the process (train.keep_freed_memory), so +sysmalloc rows run in
-    # a fresh process of their own.
-    if args.interleave:
-        rows = time_interleaved(args, variants, device)
-    else:
-        order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
-        timed = {i: (fresh_process(args, variants[i], "ROW", ["--time-only"])
-                     if variants[i].get("sysmalloc") and device.type == "cpu" else time_variant(args, variants[i], device))
-                 for i in order}
-        rows = [timed[i] for i in range(len(variants))]
+    # The baselines first: a DiTTrainer on CPU changes glibc's malloc settings for the whole process
+    # (host_memory.py), which a user's own loop would not have.
+    order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
+    timed = {i: time_variant(args, variants[i], device) for i in order}
+    rows = [timed[i] for i in range(len(variants))]
     if device.type == "cpu" and not args.no_memory:
         for v, row in zip(variants, rows):
             mem = memory_in_fresh_process(args, v)
             row["peak_mib"], row["base_mib"] = mem["peak_mib"], mem["base_mib"]
+    for r in rows:
+        r["img_per_s"] = args.batch_size / r["s_per_step"]
+        r["tflops"] = flops_img * r["img_per_s"] / 1e12
+        r["mfu"] = r["tflops"] / peaks[r["compute"]][0]
+        r["mfu_vs_bf16_peak"] = r["tflops"] / peaks["bf16"][0] if has_bf16 else None
 
-    # -- print -----------------------------------------------------------------------------
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    size = [f"{label} {getattr(args, k)}" for k, label in (("depth", "depth"), ("hidden_size", "hidden"), ("num_heads", "heads"))
-            if getattr(args, k)]
-    print(f"# benchmarks/train_step.py  {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  "
-          f"device {device.type} ({dev_name})  {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads  "
-          f"loadavg {load_start} (1/5/15 min)")
+    size = [f"{label} {getattr(args, k)}" for k, label in (("depth", "depth"), ("hidden_size", "hidden"),
+                                                          ("num_heads", "heads")) if getattr(args, k)]
+    print(f"# benchmarks/train_step.py  {datetime.datetime.now():%Y-%m-%d %H:%M}  torch {torch.__version__}  {header}")
     print(f"# {args.model}{' (' + ', '.join(size) + ')' if size else ''}, {rows[0]['params'] / 1e6:.1f}M params, "
-          f"{args.input_size}x{args.input_size}x{args.in_channels} latents, {args.num_classes} classes, batch {args.batch_size}; "
-          f"DiTTrainer.train_step: diffusion loss, AdamW, EMA")
-    print("# matmul peak (square n=" + "/".join(str(n) for n in ((2048, 3072, 4096) + ((8192,) if device.type == 'cuda' else ()))) +
-          f", best of {args.peak_reps}): " + ", ".join(f"{d} {p:.3f} TFLOP/s (n={n})" for d, (p, n) in peaks.items()))
+          f"{args.input_size}x{args.input_size}x{args.in_channels} latents, {args.num_classes} classes, "
+          f"batch {args.batch_size}; DiTTrainer.train_step: diffusion loss, AdamW, EMA")
+    print(f"# matmul peak (square n={'/'.join(map(str, peak_sizes(device)))}, best of {args.peak_reps}): "
+          + ", ".join(f"{d} {p:.3f} TFLOP/s (n={n})" for d, (p, n) in peaks.items()))
     if not has_bf16:
         print(f"# no native bf16 on this {device.type}: its bf16 matmul is emulated ({peaks['bf16'][0]:.4f} TFLOP/s at "
-              f"n={peaks['bf16'][1]}), so the trainer's default mixed_precision bf16 computes in fp32 here "
-              "(train/backends.py); the default list times the fp32 path and leaves orig-bf16 out, and no MFU is "
-              "given against the bf16 peak")
-    print(f"# model FLOPs/img {flops_img / 1e9:.2f} GFLOP: FlopCounterMode over 1 fwd+bwd of the model at batch {flop_batch}, / {flop_batch} "
-          "(AC recompute, optimizer, EMA not counted)")
+              f"n={peaks['bf16'][1]}), so the trainer's bf16 computes in fp32 here; no MFU against the bf16 peak")
+    print(f"# model FLOPs/img {flops_img / 1e9:.2f} GFLOP: FlopCounterMode over 1 fwd+bwd of the model at batch "
+          f"{flop_batch}, / {flop_batch} (AC recompute, optimizer, EMA not counted)")
     mem_note = ("peak mem = torch.cuda.max_memory_allocated per variant" if device.type == "cuda" else
-                f"peak mem = VmHWM of a fresh process running the variant for {args.probe_steps} steps "
-                f"(it holds {rows[0].get('base_mib', float('nan')):.0f} MiB after imports)" if "peak_mib" in rows[0] else
+                "peak mem = VmHWM of a fresh process running the variant's warm-up and timed steps "
+                f"(it holds {rows[0]['base_mib']:.0f} MiB after imports)" if "peak_mib" in rows[0] else
                 "peak mem not measured (--no-memory)")
-    timing = (f"s/step = median over {args.interleave} interleaved rounds (one step of every variant per round, the "
-              f"order rotated; every trainer built and warmed up {args.warmup} steps first, at least 2 with compile; the "
-              "original loop runs with freed memory kept, as the trainers set it process-wide), speed = median of the "
-              "per-round ratios" if args.interleave else
-              f"s/step = median of {args.steps} timed steps after {args.warmup} warm-up (at least 2 with compile; "
-              "where train.host_sync is log, as on a GPU, the mean of the steps timed together as train() runs them)")
-    print(f"# {timing}; MFU = achieved / matmul peak of the compute dtype; {mem_note}")
-    medians = {r["variant"]: statistics.median(r["times"]) for r in rows}
-    mem = {r["variant"]: r["peak_mib"] for r in rows if "peak_mib" in r}
-    baselines = [b for b in ("orig-fp32", "orig-bf16") if b in medians] or [rows[0]["variant"]]
+    print(f"# s/step = {args.steps} steps timed together after {args.warmup} warm-up (at least 2 with compile), "
+          f"run as train() runs them; MFU = achieved / matmul peak of the compute dtype; {mem_note}")
     by_name = {r["variant"]: r for r in rows}
+    baselines = [b for b in ("orig-fp32", "orig-bf16") if b in by_name] or [rows[0]["variant"]]
     out = []
     for r in rows:
-        med = statistics.median(r["times"])
-        tflops = flops_img * args.batch_size / med / 1e12
-        out.append([
-            r["variant"], r["compute"], f"{med:.3f}", f"{min(r['times']):.2f}-{max(r['times']):.2f}",
-            f"{args.batch_size / med:.1f}", f"{tflops:.3f}", f"{100 * tflops / peaks[r['compute']][0]:.1f}%",
-            f"{100 * tflops / peaks['bf16'][0]:.1f}%" if has_bf16 else "-",
-            f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-",
-            *(f"{paired_ratio(by_name[b], r)[0] if args.interleave else medians[b] / med:.2f}x" for b in baselines),
-            *(f"{r['peak_mib'] / mem[b]:.2f}x" if "peak_mib" in r and b in mem else "-" for b in baselines[-1:]),
-        ])
-    print(table(["variant", "compute", "s/step", "range s", "img/s", "TFLOP/s", "MFU", "MFU vs bf16 peak",
-                 "peak mem MiB", *(f"speed vs {b}" for b in baselines), f"mem vs {baselines[-1]}"], out))
+        mem = r.get("peak_mib")
+        base_mem = by_name[baselines[-1]].get("peak_mib")
+        out.append([r["variant"], r["compute"], f"{r['s_per_step']:.3f}", f"{r['img_per_s']:.1f}", f"{r['tflops']:.3f}",
+                    f"{100 * r['mfu']:.1f}%", f"{100 * r['mfu_vs_bf16_peak']:.1f}%" if has_bf16 else "-",
+                    f"{mem:.0f}" if mem is not None else "-",
+                    *(f"{by_name[b]['s_per_step'] / r['s_per_step']:.2f}x" for b in baselines),
+                    f"{mem / base_mem:.2f}x" if mem is not None and base_mem else "-"])
+    print(table(["variant", "compute", "s/step", "img/s", "TFLOP/s", "MFU", "MFU vs bf16 peak", "peak mem MiB",
+                 *(f"speed vs {b}" for b in baselines), f"mem vs {baselines[-1]}"], out))
     print("# warm-up steps, s: " + "; ".join(f"{r['variant']} " + " ".join(f"{t:.2f}" for t in r["warm_times"])
                                             for r in rows))
-    if args.interleave:
-        print(f"# per-round speed ratio to {baselines[0]}, min-median-max: " + "; ".join(
-            f"{r['variant']} " + "-".join(f"{x:.2f}" for x in sorted(paired_ratio(by_name[baselines[0]], r))) for r in rows))
-    print("# per timed step, kernel CPU s and minor page faults (all threads): " +
-          "; ".join(f"{r['variant']} {r['sys_s']:.2f} s, {r['minflt']:.0f}" for r in rows))
-    print(f"# total {time.perf_counter() - start:.0f} s; loadavg at end {loadavg()}")
+    print(f"# total {time.perf_counter() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "batch_size": args.batch_size, "device": device.type,
+                       "flops_per_image": flops_img, "matmul_peak_tflops": {d: p for d, (p, _) in peaks.items()},
+                       "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

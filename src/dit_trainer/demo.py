@@ -18,7 +18,7 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
     """The demo's config: a small DiT-S/4-shaped model sized for two CPU cores.
 
     Tuned so that the whole `dit demo` stays under 3 minutes on two cores with >= 97% of the
-    samples recognised (`python scripts/demo_check.py` measures both).
+    samples recognised (`python scripts/demo/demo_check.py` measures both).
 
     `objective="transport"` trains the same network as SiT: a linear interpolant with velocity
     prediction, sampled by the probability-flow ODE.

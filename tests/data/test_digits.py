@@ -1,6 +1,3 @@
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 import torch
@@ -9,8 +6,6 @@ pytest.importorskip("sklearn")
 
 from dit_trainer.data import DigitsDataset, classify_images, digits_classifier  # noqa: E402
 from dit_trainer.errors import ConfigError  # noqa: E402
-
-CHECK_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "check_digits.py"
 
 
 @pytest.mark.parametrize("size", [16, 32])
@@ -54,26 +49,3 @@ def test_classify_real_upsampled_digits(size):
     assert (pred == ds.labels.numpy()[held]).mean() >= 0.9
     # numpy input without the channel axis works too
     assert np.array_equal(classify_images(ds.images[held[:10], 0].numpy()), pred[:10])
-
-
-def _check_main():
-    spec = importlib.util.spec_from_file_location("check_digits", CHECK_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
-def test_check_digits_script(tmp_path, capsys):
-    main = _check_main()
-    ds = DigitsDataset(16)
-    idx = np.arange(0, 1797, 9)
-    images, labels = ds.images[idx].numpy(), ds.labels.numpy()[idx]
-    np.savez(tmp_path / "samples.npz", images=images, labels=labels)
-    assert main([str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "overall" in out and "held-out" in out and "PASS" in out
-
-    np.savez(tmp_path / "samples.npz", images=images, labels=(labels + 1) % 10)
-    assert main([str(tmp_path)]) == 1
-    assert main([str(tmp_path), "--min", "0"]) == 0
-    assert main([str(tmp_path / "nowhere")]) == 2

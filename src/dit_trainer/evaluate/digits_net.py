@@ -5,7 +5,7 @@ instead: "pool" is its 64-d penultimate layer (taken before the ReLU, so no unit
 and the covariance stays full rank), "logits" its 10 class scores, "spatial" the first 7 channels
 of its last 4×4 feature map (as ADM keeps 7 channels of mixed_6/conv). Its weights ship as
 `assets/digit_features.safetensors` (85 k parameters, 340 kB), written by
-`scripts/train_digit_features.py`: shipped rather than trained on first use so every install
+`scripts/demo/train_digit_features.py`: shipped rather than trained on first use so every install
 measures with the very same weights (CPU training is not bit-reproducible across torch builds
 and machines, and FIDs from different weights are not comparable).
 """
@@ -87,7 +87,7 @@ def load_digit_net(path=None, device="cpu") -> DigitFeatureNet:
     if path is None:
         ref = resources.files("dit_trainer") / "assets" / DIGITS_WEIGHTS
         if not ref.is_file():
-            raise DitError(f"dit_trainer/assets/{DIGITS_WEIGHTS} is missing; run scripts/train_digit_features.py")
+            raise DitError(f"dit_trainer/assets/{DIGITS_WEIGHTS} is missing; run scripts/demo/train_digit_features.py")
         with resources.as_file(ref) as p:
             state, path = load_file(str(p)), p
     else:

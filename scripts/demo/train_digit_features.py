@@ -3,7 +3,7 @@
 Deterministic on one machine (fixed seeds, single thread, deterministic kernels); the shipped
 file is the one this wrote, so re-running it is only needed to change the network.
 
-    python scripts/train_digit_features.py [--out PATH] [--epochs 40]
+    python scripts/demo/train_digit_features.py [--out PATH] [--epochs 40]
 """
 
 import argparse
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dit_trainer.data.digits import load_digit_arrays, upsample_digits  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Numerical parity of dit_trainer's DiT and diffusion with the original facebookresearch/DiT code.
 
-Usage: python scripts/check_parity.py --reference /path/to/DiT-checkout [--timm-shim DIR]
+Usage: python scripts/parity/dit.py --reference /path/to/DiT-checkout [--timm-shim DIR]
 
 The reference checkout must hold the original `models.py` and `diffusion/` package; both are
 imported from there, never copied. The original `models.py` imports
@@ -30,9 +30,6 @@ Exit status: 0 when every row passes, 1 when any fails, 2 when the reference can
 Runs on CPU in float32 with one thread, in well under two minutes.
 """
 
-import argparse
-import importlib
-import math
 import os
 import sys
 import time
@@ -40,102 +37,9 @@ import traceback
 
 import numpy as np
 import torch
+from common import Table, import_reference, load_or_report, parse_args, randomise_, rel_diff, share_weights
 
 BOUNDS = {"model": 1e-4, "one-step": 1e-5, "loop": 1e-4}
-
-
-class Table:
-    """Collects (group, name, relative difference) rows and prints them with pass/fail."""
-
-    def __init__(self):
-        self.rows = []
-
-    def add(self, group, name, value, note=""):
-        bound = BOUNDS[group]
-        ok = value is not None and math.isfinite(value) and value < bound
-        self.rows.append((group, name, value, bound, ok, note))
-        return ok
-
-    def fail(self, group, name, note):
-        self.rows.append((group, name, None, BOUNDS[group], False, note))
-
-    @property
-    def failed(self):
-        return [r for r in self.rows if not r[4]]
-
-    def render(self):
-        width = max(len(r[1]) for r in self.rows)
-        lines = [f"| {'group':<8} | {'check':<{width}} | {'rel max diff':>12} | {'bound':>6} | result |",
-                 f"|{'-' * 10}|{'-' * (width + 2)}|{'-' * 14}|{'-' * 8}|--------|"]
-        for group, name, value, bound, ok, note in self.rows:
-            shown = "n/a" if value is None else f"{value:.2e}"
-            result = "pass" if ok else "FAIL"
-            lines.append(f"| {group:<8} | {name:<{width}} | {shown:>12} | {bound:>6.0e} | {result:<6} |"
-                         + (f" {note}" if note else ""))
-        return "\n".join(lines)
-
-
-def rel_diff(ours, ref):
-    """max|ours - ref| / max|ref|."""
-    ours, ref = torch.as_tensor(ours).double(), torch.as_tensor(ref).double()
-    if ours.shape != ref.shape:
-        raise ValueError(f"shape {tuple(ours.shape)} vs reference {tuple(ref.shape)}")
-    diff = (ours - ref).abs().max().item()
-    scale = ref.abs().max().item()
-    # An all-zero reference would make the comparison vacuous (adaLN-Zero's init does exactly
-    # that), so it reads as NaN, which fails.
-    return diff / scale if scale > 0 else float("nan")
-
-
-def import_reference(reference, timm_shim):
-    """Import the original `models` and `diffusion` modules from the checkout."""
-    for path in ("models.py", os.path.join("diffusion", "__init__.py")):
-        if not os.path.isfile(os.path.join(reference, path)):
-            raise FileNotFoundError(f"{os.path.join(reference, path)} does not exist")
-    for name in ("models", "diffusion"):
-        if name in sys.modules:
-            raise RuntimeError(f"a module named {name!r} is already imported; cannot import the reference's")
-    if timm_shim:
-        sys.path.insert(0, os.path.abspath(timm_shim))
-    sys.path.insert(0, os.path.abspath(reference))
-    ref_models = importlib.import_module("models")
-    ref_diffusion = importlib.import_module("diffusion")
-    for mod in (ref_models, ref_diffusion):
-        where = os.path.abspath(mod.__file__)
-        if not where.startswith(os.path.abspath(reference) + os.sep):
-            raise RuntimeError(f"{mod.__name__} was imported from {where}, not from {reference}")
-    return ref_models, ref_diffusion
-
-
-@torch.no_grad()
-def randomise_(model, seed):
-    """Give every parameter but the fixed sin-cos pos_embed O(1)-output random values.
-
-    adaLN-Zero zeroes the modulation and output layers at init, which would make every output 0
-    and the comparison vacuous.
-    """
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name == "pos_embed":
-            continue
-        if p.dim() >= 2:
-            fan_in = p[0].numel()
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
-        else:
-            p.copy_(0.1 * torch.randn(p.shape, generator=g))
-
-
-def share_weights(ours, theirs):
-    """Copy ours -> theirs and back with strict loading; return the key lists' mismatch (if any)."""
-    ours_sd, theirs_sd = ours.state_dict(), theirs.state_dict()
-    only_ours = sorted(set(ours_sd) - set(theirs_sd))
-    only_theirs = sorted(set(theirs_sd) - set(ours_sd))
-    shapes = [k for k in set(ours_sd) & set(theirs_sd) if ours_sd[k].shape != theirs_sd[k].shape]
-    if only_ours or only_theirs or shapes:
-        raise RuntimeError(f"state_dict mismatch: only ours {only_ours[:5]}, only reference "
-                           f"{only_theirs[:5]}, shapes differ {shapes[:5]}")
-    theirs.load_state_dict(ours.state_dict(), strict=True)
-    ours.load_state_dict(theirs.state_dict(), strict=True)
 
 
 def set_fused_attention(model, fused):
@@ -149,6 +53,7 @@ def set_fused_attention(model, fused):
 
 
 def model_pair(ref_models, name, **kwargs):
+    """Our model and the release's, each built from the same seed."""
     from dit_trainer.models import DiT, DiT_models
 
     if name in DiT_models:
@@ -171,6 +76,7 @@ def init_differences(ours, theirs):
 
 
 def check_models(table, ref_models, notes):
+    """The model rows: forward in eval and train mode, against explicit softmax, with guidance."""
     configs = [
         ("DiT-S/2", dict(input_size=32, num_classes=1000, learn_sigma=True), 4),
         ("DiT-S/2", dict(input_size=32, num_classes=1000, learn_sigma=False), 4),
@@ -233,6 +139,7 @@ def check_models(table, ref_models, notes):
 
 
 def check_diffusion(table, ref_models, ref_diffusion):
+    """The one-step and loop rows for every schedule and sigma setting."""
     from dit_trainer.diffusion import create_diffusion
     from dit_trainer.models import DiT
 
@@ -260,6 +167,7 @@ def check_diffusion(table, ref_models, ref_diffusion):
 
 
 def compare_dicts(table, group, label, ours, ref):
+    """One row per key of two dicts of tensors, which must have the same keys."""
     if set(ours) != set(ref):
         table.fail(group, label, f"keys {sorted(ours)} vs reference {sorted(ref)}")
         return
@@ -272,6 +180,7 @@ def compare_dicts(table, group, label, ours, ref):
 
 
 def one_step(table, tag, d_ours, d_ref, ours_m, theirs_m, B, C, S, N_CLS, seed):
+    """Schedule arrays, q_sample, posteriors, training losses and p_mean_variance at chosen timesteps."""
     try:
         arrays = ("betas", "alphas_cumprod", "posterior_variance", "posterior_log_variance_clipped",
                   "posterior_mean_coef1", "posterior_mean_coef2")
@@ -326,6 +235,7 @@ def loop_diff(ours, ref):
 
 
 def loops(table, tag, ours_sched, ref_sched, learn_sigma, ours_m, theirs_m, ref_diffusion, B, C, S, N_CLS):
+    """DDIM and DDPM sample loops with respacing, and a guided DDIM loop, every step compared."""
     from dit_trainer.diffusion import create_diffusion
 
     g = torch.Generator().manual_seed(99)
@@ -378,27 +288,20 @@ def loops(table, tag, ours_sched, ref_sched, learn_sigma, ours_m, theirs_m, ref_
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reference", required=True, metavar="DIR",
-                        help="facebookresearch/DiT checkout holding models.py and diffusion/")
-    parser.add_argument("--timm-shim", metavar="DIR",
-                        help="folder with a stand-in `timm` package, put first on sys.path")
-    args = parser.parse_args(argv)
-
+    """Compare, print the table and return the exit status."""
+    args = parse_args(__doc__, "facebookresearch/DiT checkout holding models.py and diffusion/", argv=argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
     start = time.time()
-    try:
-        ref_models, ref_diffusion = import_reference(args.reference, args.timm_shim)
-    except Exception as exc:  # noqa: BLE001
-        print(f"check_parity: error: cannot import the reference from {args.reference}: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    refs = load_or_report(lambda: import_reference(args.reference, "diffusion", args.timm_shim), args.reference)
+    if refs is None:
         return 2
+    ref_models, ref_diffusion = refs
     timm = sys.modules.get("timm")
     print(f"torch {torch.__version__}, float32, 1 thread; reference {os.path.abspath(args.reference)}; "
           f"timm from {os.path.dirname(os.path.abspath(timm.__file__)) if timm else '?'}")
 
-    table, notes = Table(), []
+    table, notes = Table(BOUNDS), []
     check_models(table, ref_models, notes)
     check_diffusion(table, ref_models, ref_diffusion)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Numerical parity of dit_trainer's Large-DiT (`DiT_Llama`) with Alpha-VLLM's release.
 
-Usage: python scripts/check_parity_large_dit.py --reference DIR
+Usage: python scripts/parity/large_dit.py --reference DIR
 
 DIR is a checkout of Alpha-VLLM/LLaMA2-Accessory (or its `Large-DiT-ImageNet` folder); the
 release's `models.py` is imported from there, never copied. It imports apex (FusedRMSNorm),
@@ -29,8 +29,6 @@ drifted from the release's.
 Exit status: 0 when every row passes, 1 when any fails, 2 when the reference cannot be imported.
 """
 
-import argparse
-import datetime
 import importlib.util
 import os
 import sys
@@ -39,8 +37,9 @@ import types
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # the release @torch.compile's its SwiGLU gate
 
-import torch
-import torch.nn as nn
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from common import load_or_report, parse_args, rel_diff  # noqa: E402
 
 BOUND = 1e-5
 
@@ -140,10 +139,6 @@ def randomize(model, generator):
                 p.copy_(torch.randn(p.shape, generator=generator) / max(1, p.shape[-1]) ** 0.5)
 
 
-def rel(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
 def run_case(release, name, kwargs, seed):
     """Rows of (case, check, relative difference) for one constructor configuration."""
     from dit_trainer.models.large_dit import DiT_Llama
@@ -163,11 +158,11 @@ def run_case(release, name, kwargs, seed):
     y = torch.randint(0, 1000, (n,), generator=g)
     rows = []
     with torch.no_grad():
-        rows.append((name, "forward", rel(ours(x, t, y), ref(x, t, y))))
+        rows.append((name, "forward", rel_diff(ours(x, t, y), ref(x, t, y))))
         null = torch.full_like(y, 1000)
-        rows.append((name, "forward(null)", rel(ours(x, t, y, force_drop_ids=torch.ones_like(y)), ref(x, t, null))))
+        rows.append((name, "forward(null)", rel_diff(ours(x, t, y, force_drop_ids=torch.ones_like(y)), ref(x, t, null))))
         y_cfg = torch.cat([y[: n // 2], null[: n // 2]])
-        rows.append((name, "forward_with_cfg", rel(
+        rows.append((name, "forward_with_cfg", rel_diff(
             ours.forward_with_cfg(x, t, y_cfg, 4.0, cfg_channels=3), ref.forward_with_cfg(x, t, y_cfg, 4.0))))
     return rows
 
@@ -207,22 +202,21 @@ def size_rows(release):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reference", required=True, help="LLaMA2-Accessory checkout (or its Large-DiT-ImageNet folder)")
-    args = parser.parse_args(argv)
+    """Compare, print the rows and return the exit status."""
+    args = parse_args(__doc__, "LLaMA2-Accessory checkout (or its Large-DiT-ImageNet folder)", timm_shim=False,
+                      argv=argv)
     torch.set_num_threads(1)
     install_stubs()
-    try:
-        release, path = import_release(args.reference)
-    except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
-        print(f"cannot import the release from {args.reference}: {exc}", file=sys.stderr)
+    loaded = load_or_report(lambda: import_release(args.reference), args.reference)
+    if loaded is None:
         return 2
+    release, path = loaded
 
     start = time.time()
     rows = []
     for i, (name, kwargs) in enumerate(CASES):
         rows.extend(run_case(release, name, kwargs, seed=i))
-    print(f"Large-DiT parity vs {path} ({datetime.date.today()}, torch {torch.__version__}, float32, CPU)")
+    print(f"Large-DiT parity vs {path} (torch {torch.__version__}, float32, CPU)")
     print(f"{'case':42s} {'check':18s} {'rel. diff':>10s}  bound   ok")
     ok_all = True
     for case, check, value in rows:

@@ -2,8 +2,8 @@
 `sample-ddp`, `eval` and `extract` apply on CPU unless `--keep-freed-memory false`): images/s,
 kernel CPU seconds, minor page faults and peak RSS.
 
-    python benchmarks/malloc.py                          # every workload, 2 rounds
-    python benchmarks/malloc.py --workloads features --rounds 3
+    python tools/profiling/malloc.py                          # every workload, 2 rounds
+    python tools/profiling/malloc.py --workloads features --rounds 3
 
 Workloads, random weights at the real sizes (no download):
   sample    `dit sample`'s `sample_latents`: DiT-S/2, 32x32x4 latents, batch 32 with guidance 4.0
@@ -113,7 +113,7 @@ def main() -> int:
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"# benchmarks/malloc.py {time.strftime('%Y-%m-%d %H:%M')} torch {torch.__version__} "
+    print(f"# tools/profiling/malloc.py {time.strftime('%Y-%m-%d %H:%M')} torch {torch.__version__} "
           f"{platform.processor() or platform.machine()} {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, "
           f"load {load:.1f}; {args.rounds} rounds, {args.batches} timed batches per fresh process, fp32")
     print("| workload | batch | malloc | img/s (median) | kernel CPU s/batch | minor faults/batch | peak RSS MiB "

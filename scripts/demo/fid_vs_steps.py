@@ -1,6 +1,6 @@
 """FID of the digits demo's samples (digit network) after N training steps, for the README.
 
-    python scripts/digits_fid_vs_steps.py [--steps 1000 2000] [--per-class 100] [--out outputs/digits_fid]
+    python scripts/demo/fid_vs_steps.py [--steps 1000 2000] [--per-class 100] [--out outputs/digits_fid]
 
 First the yardsticks: 1,000 real digits (a fixed random draw) split in two halves of 500, and 500
 real digits against 500 uniform-noise images. Then it trains the demo once per step count (its config, seed 0), draws per-class × 10 samples as the demo
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 

@@ -1,8 +1,8 @@
 """What a compiled transformer block keeps for its backward, and what it recomputes, per
 `train.activation_memory_budget`: memory accounting that needs no native bf16 and no GPU.
 
-    python benchmarks/saved_activations.py                          # DiT-S/2, batch 32, bf16, budgets 1..0.4
-    python benchmarks/saved_activations.py --model DiT-B/2 --batch-size 16 --list
+    python tools/profiling/saved_activations.py                          # DiT-S/2, batch 32, bf16, budgets 1..0.4
+    python tools/profiling/saved_activations.py --model DiT-B/2 --batch-size 16 --list
 
 The trainer compiles each block (`train.compile`) and, with a budget below 1, sets PyTorch's
 `activation_memory_budget` while the block's graph is partitioned into forward and backward. This
@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
 def block_and_inputs(args):
@@ -140,7 +140,7 @@ def main():
     block, inputs, kwargs, depth = block_and_inputs(args)
     with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         forward_flops = flops(lambda: block(*inputs, **kwargs))
-    print(f"# benchmarks/saved_activations.py  {datetime.datetime.now():%Y-%m-%d %H:%M}\n# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents, "
+    print(f"# tools/profiling/saved_activations.py  {datetime.datetime.now():%Y-%m-%d %H:%M}\n# {args.model}, batch {args.batch_size}, {args.input_size}x{args.input_size}x{args.in_channels} latents, "
           f"{args.dtype + ' autocast' if args.dtype != 'fp32' else 'fp32'}, torch {torch.__version__}: one block, partitioned as train.compile does; "
           f"model FLOPs (3x forward) {3 * forward_flops / 1e9:.2f} GFLOP per block step; depth {depth}")
     print("| budget | tensors kept | MiB per block | MiB x depth | kept tensors | recomputed FLOPs |")

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Numerical parity of dit_trainer's SiT model and transport with the willisma/SiT release.
 
-Usage: python scripts/check_parity_sit.py --reference /path/to/SiT-checkout [--timm-shim DIR]
+Usage: python scripts/parity/sit.py --reference /path/to/SiT-checkout [--timm-shim DIR]
 
 The checkout must hold the release's `models.py` and `transport/` package (which needs
 torchdiffeq); both are imported from there, never copied. The release's `models.py` imports
 `timm.models.vision_transformer`; without --timm-shim (a folder holding a stand-in `timm` package
-put first on sys.path) this script registers its own stand-in in sys.modules: PatchEmbed, Attention
+put first on sys.path) the script registers common.py's stand-in in sys.modules: PatchEmbed, Attention
 and Mlp with timm's attribute names, the attention written out as softmax(q·kᵀ/√d)·v, so that our
 layers (which call scaled_dot_product_attention) are not compared with themselves.
 
@@ -23,134 +23,25 @@ Rows (relative max difference max|ours − ref| / max|ref|, float32, CPU, one th
 Exit status: 0 when every row passes, 1 when any fails, 2 when the reference cannot be imported.
 """
 
-import argparse
-import importlib
-import math
-import os
 import sys
 import time
-import types
 
 import torch
-import torch.nn as nn
+from common import Table, import_reference, load_or_report, parse_args, randomise_, rel_diff, share_weights
 
 BOUNDS = {"model": 1e-4, "loss": 1e-5, "ode": 1e-4, "sde": 1e-4}
-
-
-def rel_diff(ours, ref):
-    """max|ours - ref| / max|ref| (NaN when the reference is all zero, which fails)."""
-    ours, ref = torch.as_tensor(ours).double(), torch.as_tensor(ref).double()
-    if ours.shape != ref.shape:
-        raise ValueError(f"shape {tuple(ours.shape)} vs reference {tuple(ref.shape)}")
-    scale = ref.abs().max().item()
-    return (ours - ref).abs().max().item() / scale if scale > 0 else float("nan")
-
-
-class Table:
-    def __init__(self):
-        self.rows = []
-
-    def add(self, group, name, value):
-        ok = value is not None and math.isfinite(value) and value < BOUNDS[group]
-        self.rows.append((group, name, value, ok))
-
-    def render(self):
-        width = max(len(r[1]) for r in self.rows)
-        lines = [f"| {'group':<5} | {'check':<{width}} | rel max diff |  bound | result |",
-                 f"|{'-' * 7}|{'-' * (width + 2)}|--------------|--------|--------|"]
-        for group, name, value, ok in self.rows:
-            shown = "n/a" if value is None else f"{value:.2e}"
-            lines.append(f"| {group:<5} | {name:<{width}} | {shown:>12} | {BOUNDS[group]:>6.0e} | "
-                         f"{'pass' if ok else 'FAIL':<6} |")
-        return "\n".join(lines)
-
-
-def install_timm_stand_in():
-    """A minimal `timm.models.vision_transformer` with timm's names and explicit-softmax attention."""
-
-    class PatchEmbed(nn.Module):
-        def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, bias=True):
-            super().__init__()
-            self.img_size, self.patch_size = (img_size, img_size), (patch_size, patch_size)
-            self.num_patches = (img_size // patch_size) ** 2
-            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
-
-        def forward(self, x):
-            return self.proj(x).flatten(2).transpose(1, 2)
-
-    class Attention(nn.Module):
-        def __init__(self, dim, num_heads=8, qkv_bias=False, **_):
-            super().__init__()
-            self.num_heads, self.head_dim = num_heads, dim // num_heads
-            self.scale = self.head_dim**-0.5
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-            self.proj = nn.Linear(dim, dim)
-
-        def forward(self, x):
-            b, n, c = x.shape
-            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-            return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
-
-    class Mlp(nn.Module):
-        def __init__(self, in_features, hidden_features=None, act_layer=nn.GELU, drop=0.0, **_):
-            super().__init__()
-            self.fc1 = nn.Linear(in_features, hidden_features)
-            self.act = act_layer()
-            self.fc2 = nn.Linear(hidden_features, in_features)
-
-        def forward(self, x):
-            return self.fc2(self.act(self.fc1(x)))
-
-    vit = types.ModuleType("timm.models.vision_transformer")
-    vit.PatchEmbed, vit.Attention, vit.Mlp = PatchEmbed, Attention, Mlp
-    timm, timm_models = types.ModuleType("timm"), types.ModuleType("timm.models")
-    timm.models, timm_models.vision_transformer = timm_models, vit
-    sys.modules.update({"timm": timm, "timm.models": timm_models, "timm.models.vision_transformer": vit})
-
-
-def import_reference(reference, timm_shim):
-    for path in ("models.py", os.path.join("transport", "__init__.py")):
-        if not os.path.isfile(os.path.join(reference, path)):
-            raise FileNotFoundError(f"{os.path.join(reference, path)} does not exist")
-    for name in ("models", "transport"):
-        if name in sys.modules:
-            raise RuntimeError(f"a module named {name!r} is already imported; cannot import the reference's")
-    if timm_shim:
-        sys.path.insert(0, os.path.abspath(timm_shim))
-    else:
-        install_timm_stand_in()
-    sys.path.insert(0, os.path.abspath(reference))
-    ref_models, ref_transport = importlib.import_module("models"), importlib.import_module("transport")
-    for mod in (ref_models, ref_transport):
-        if not os.path.abspath(mod.__file__).startswith(os.path.abspath(reference) + os.sep):
-            raise RuntimeError(f"{mod.__name__} was imported from {mod.__file__}, not from {reference}")
-    return ref_models, ref_transport
-
-
-@torch.no_grad()
-def randomise_(model, seed, scale=1.0):
-    """Random weights (adaLN-Zero's zeros would make every output 0); pos_embed stays sin-cos."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name == "pos_embed":
-            continue
-        if p.dim() >= 2:
-            p.copy_(scale * torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
-        else:
-            p.copy_(0.1 * scale * torch.randn(p.shape, generator=g))
 
 
 def pair(ours_ctor, ref_ctor, seed, scale=1.0, **kw):
     """Our model and the release's with the same weights, copied both ways with strict=True."""
     ours, ref = ours_ctor(**kw), ref_ctor(**kw)
     randomise_(ours, seed, scale)
-    ref.load_state_dict(ours.state_dict(), strict=True)
-    ours.load_state_dict(ref.state_dict(), strict=True)
+    share_weights(ours, ref)
     return ours.eval(), ref.eval()
 
 
 def check_models(table, ref_models):
+    """Forward and forward_with_cfg of SiT-S/2, learned and fixed sigma."""
     from dit_trainer.models import SiT_models
 
     for learn_sigma in (True, False):
@@ -171,6 +62,7 @@ COMBOS = [(p, q) for p in ("Linear", "GVP", "VP") for q in ("velocity", "score",
 
 
 def check_losses(table, ref_transport):
+    """The training loss of every path x prediction x weighting, on the same x0 and t."""
     from dit_trainer.transport import create_transport
 
     def model(x, t):
@@ -192,6 +84,7 @@ def check_losses(table, ref_transport):
 
 
 def check_samplers(table, ref_models, ref_transport):
+    """ODE and SDE samples, every state, with a small random SiT and shared initial noise."""
     from dit_trainer.models import SiT_models
     from dit_trainer.transport import Sampler, create_transport
 
@@ -230,25 +123,22 @@ def check_samplers(table, ref_models, ref_transport):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reference", required=True, help="checkout of willisma/SiT (models.py, transport/)")
-    parser.add_argument("--timm-shim", default=None, help="folder holding a stand-in timm package")
-    args = parser.parse_args(argv)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    """Compare, print the table and return the exit status."""
+    args = parse_args(__doc__, "checkout of willisma/SiT (models.py, transport/)", argv=argv)
     torch.set_num_threads(1)
-    try:
-        ref_models, ref_transport = import_reference(args.reference, args.timm_shim)
-    except Exception as err:  # noqa: BLE001 - any import failure means no comparison
-        print(f"cannot import the reference from {args.reference}: {err}", file=sys.stderr)
+    refs = load_or_report(lambda: import_reference(args.reference, "transport", args.timm_shim, stand_in=True),
+                          args.reference)
+    if refs is None:
         return 2
-    timm_from = args.timm_shim or "in-script stand-in (explicit-softmax attention)"
+    ref_models, ref_transport = refs
+    timm_from = args.timm_shim or "common.py's stand-in (explicit-softmax attention)"
     print(f"torch {torch.__version__}, float32, 1 thread; reference {args.reference}; timm: {timm_from}")
-    start, table = time.time(), Table()
+    start, table = time.time(), Table(BOUNDS)
     check_models(table, ref_models)
     check_losses(table, ref_transport)
     check_samplers(table, ref_models, ref_transport)
     print(table.render())
-    failed = [r for r in table.rows if not r[3]]
+    failed = table.failed
     print(f"{len(table.rows) - len(failed)}/{len(table.rows)} rows pass in {time.time() - start:.1f} s")
     return 1 if failed else 0
 
