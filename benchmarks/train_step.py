@@ -167,16 +167,16 @@ def build_trainer(args, variant):
 
 def run_steps(trainer, batch, n: int) -> None:
     """Run `n` training steps on `batch` as `train()` runs them, and return once the device has finished them."""
-    # train.host_sync log (auto on a GPU): the host queues the steps without reading their results
-    # back, and train() reads them at its log step, so the queued steps are flushed once at the end.
-    deferred = getattr(trainer, "deferred", None)
-    if deferred is None:
+    # As train(): the host queues the steps (reading each step's checks at once only where the device
+    # cannot mask a bad update), and the metrics read at a log step waits for them all.
+    if not hasattr(trainer, "queue_step"):  # the original loop: each step returns floats, so it is finished
         for _ in range(n):
-            trainer.train_step(batch)  # returns .item() floats: the step is finished on return
-    else:
-        for _ in range(n):
-            trainer.deferred_step(batch)
-        deferred.flush(trainer)
+            trainer.train_step(batch)
+        return
+    for _ in range(n):
+        trainer.queue_step(batch)
+    trainer.update.read_pending()
+    trainer.update.window.read(trainer.dims)
     sync(batch[0].device)
 
 
