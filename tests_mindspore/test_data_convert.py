@@ -103,8 +103,8 @@ class Block:
             raise ImportError("torch is blocked")
 sys.meta_path.insert(0, Block())
 import numpy as np
-from dit_trainer_mindspore.engine import MindSporeEngine
-eng = MindSporeEngine({"model_name": "DiT-S/2", "input_size": 4, "num_classes": 4, "mixed_precision": "fp32",
+from dit_trainer_mindspore.engine import MindSporeTrainer
+eng = MindSporeTrainer({"model_name": "DiT-S/2", "input_size": 4, "num_classes": 4, "mixed_precision": "fp32",
                        "model": {"depth": 1, "hidden_size": 32, "num_heads": 2}})
 out = eng.train_step((np.zeros((2, 4, 4, 4), np.float32), np.array([0, 1])))
 assert isinstance(out["loss"], float), out

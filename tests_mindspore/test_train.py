@@ -8,7 +8,7 @@ import pytest
 from conftest import MICRO, TINY, copy_into, engine_config, rel, torch, torch_dit
 
 from dit_trainer.diffusion import create_diffusion
-from dit_trainer_mindspore.engine import MindSporeEngine
+from dit_trainer_mindspore.engine import MindSporeTrainer
 
 LR, WD = 1e-3, 0.01
 
@@ -37,7 +37,7 @@ def test_one_step_same_loss_gradients_and_updated_weights():
 
     lr = 1e-4
     tm = torch_dit(TINY)
-    eng = MindSporeEngine(engine_config(TINY, lr=lr, weight_decay=WD))
+    eng = MindSporeTrainer(engine_config(TINY, lr=lr, weight_decay=WD))
     copy_into(eng.model, tm)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, 4, 8, 8)).astype(np.float32)
@@ -68,7 +68,7 @@ def test_hundred_steps_mean_loss_matches_pytorch():
     from dit_trainer.models.dit.model import DiT
 
     tm = DiT(**MICRO)  # the real adaLN-Zero init
-    eng = MindSporeEngine(engine_config(MICRO, lr=LR, weight_decay=WD, train={"compile": True}))
+    eng = MindSporeTrainer(engine_config(MICRO, lr=LR, weight_decay=WD, train={"compile": True}))
     copy_into(eng.model, tm)
     opt, diffusion = _torch_opt(tm), create_diffusion("")
     rng = np.random.default_rng(2)
@@ -97,7 +97,7 @@ def latents(tmp_path_factory):
 def _run(latents, out, steps):
     cfg = engine_config(MICRO, data_path=latents, output_dir=str(out), batch_size=4, max_steps=steps, lr=LR,
                         checkpoint={"save_steps": 3}, train={"ema_decay": 0.9})
-    eng = MindSporeEngine(cfg)
+    eng = MindSporeTrainer(cfg)
     result = eng.train()
     return eng, result
 
@@ -129,7 +129,7 @@ def test_dit_trainer_backend_mindspore_returns_float_loss():
     from dit_trainer import DiTTrainer
 
     trainer = DiTTrainer({**engine_config(MICRO), "model_name": "DiT-S/2", "batch_size": 2})
-    assert type(trainer._engine).__name__ == "MindSporeEngine"
+    assert type(trainer._engine).__name__ == "MindSporeTrainer"
     rng = np.random.default_rng(0)
     batch = (torch.from_numpy(rng.standard_normal((2, 4, 4, 4)).astype(np.float32)), torch.tensor([1, 3]))
     out = trainer.train_step(batch)

@@ -1,7 +1,8 @@
 """dit-trainer: train and sample class-conditional Diffusion Transformers.
 
 The main entry points are importable from the top level (loaded on first use, so `dit --help`
-stays fast): `DiTTrainer`, `get_spec`, `create_diffusion`, `load_config`.
+stays fast): `DiTTrainer` (the torch engine), `build_trainer` (the engine a config's `backend`
+names), `get_spec`, `create_diffusion`, `load_config`.
 """
 
 from dit_trainer.lazy import lazy_exports
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "DiTTrainer": "dit_trainer.train",
+    "build_trainer": "dit_trainer.train",
     "get_spec": "dit_trainer.models",
     "register_spec": "dit_trainer.models",
     "ModelSpec": "dit_trainer.models",

@@ -1,14 +1,16 @@
 """MindSpore backend of dit-trainer (`pip install dit-trainer[mindspore]`): DiT as mindspore.nn
 Cells with our parameter names, the Gaussian diffusion loss, a GeneratorDataset over our latent
-formats, and the train step behind `DiTTrainer({"backend": "mindspore", ...})`.
+formats, and `MindSporeTrainer`, which `dit_trainer.build_trainer({"backend": "mindspore", ...})` and
+`dit train` return for that backend.
 
-Imports no torch: it shares only dit_trainer's config, errors, size table and beta schedules.
+Imports no torch: it shares dit_trainer's torch-free core (config, errors, the DiT size table, the
+beta schedules, label files).
 """
 
 from dit_trainer.lazy import lazy_exports
 
 _LAZY = {
-    "MindSporeEngine": "dit_trainer_mindspore.engine",
+    "MindSporeTrainer": "dit_trainer_mindspore.engine",
     "DiT": "dit_trainer_mindspore.model",
     "GaussianDiffusion": "dit_trainer_mindspore.diffusion",
     "build_dataset": "dit_trainer_mindspore.data",

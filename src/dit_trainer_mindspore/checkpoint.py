@@ -12,27 +12,8 @@ import mindspore as ms
 from mindspore import Tensor
 
 from dit_trainer.errors import CheckpointError
-
-
-def save_weights(named: dict, path) -> str:
-    """Write {name: numpy array or Tensor} as a .ckpt; returns the path."""
-    if not str(path).endswith(".ckpt"):
-        raise CheckpointError(f"{path}: a MindSpore checkpoint must end in .ckpt; name it {path}.ckpt")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    ms.save_checkpoint([{"name": k, "data": Tensor(v) if not isinstance(v, Tensor) else v} for k, v in named.items()],
-                       str(path))
-    return str(path)
-
-
-def read_weights(path) -> dict:
-    """{name: numpy array} of a .ckpt; CheckpointError if it cannot be read."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path} does not exist; pass a .ckpt written by `dit convert` or training")
-    try:
-        params = ms.load_checkpoint(str(path))
-    except (ValueError, RuntimeError, OSError) as err:
-        raise CheckpointError(f"cannot read {path} as a MindSpore checkpoint ({str(err).splitlines()[0]})") from None
-    return {k: v.asnumpy() for k, v in params.items() if hasattr(v, "asnumpy")}
+from dit_trainer_mindspore.ckpt_file import read_weights, save_weights  # noqa: F401 (also this module's API)
+from dit_trainer_mindspore.convert import read, torch_to_mindspore
 
 
 def load_weights(model, path) -> None:
@@ -42,8 +23,6 @@ def load_weights(model, path) -> None:
     if path.endswith(".ckpt"):
         weights = read_weights(path)
     else:
-        from dit_trainer_mindspore.convert import read, torch_to_mindspore
-
         fmt = "ours" if os.path.isdir(path) or path.endswith(".safetensors") else "dit-pt"
         weights = torch_to_mindspore(read(path, fmt), source=path)
     own = dict(model.parameters_and_names())
@@ -73,7 +52,7 @@ def save_state(engine, path) -> str:
 def load_state(engine, path) -> None:
     """Restore what `save_state` wrote into `engine`."""
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path} does not exist; pass a .ckpt written by MindSporeEngine.save_checkpoint")
+        raise CheckpointError(f"{path} does not exist; pass a .ckpt written by MindSporeTrainer.save_checkpoint")
     saved = ms.load_checkpoint(str(path))
     if "step" not in saved:
         raise CheckpointError(f"{path} has no step; it is a weights file, set model.weights_path to it instead")

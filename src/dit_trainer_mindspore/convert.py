@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from dit_trainer.errors import CheckpointError, ConfigError, DitError
-from dit_trainer_mindspore.core import sizes
+from dit_trainer.models.dit.sizes import dit_size
 
 FORMATS = ("ours", "dit-pt", "mindspore")
 _WRAPPERS = ("module.", "_orig_mod.")
@@ -26,7 +26,7 @@ _WRAPPERS = ("module.", "_orig_mod.")
 def name_map(model_name="DiT-XL/2", input_size=32, in_channels=4, num_classes=1000, learn_sigma=True,
              class_dropout_prob=0.1, mlp_ratio=4.0, **overrides) -> dict:
     """{PyTorch name: (MindSpore name, shape)} of a DiT size, in the models' parameter order."""
-    s = {**sizes().dit_size(model_name), **{k: v for k, v in overrides.items() if v is not None}}
+    s = {**dit_size(model_name), **{k: v for k, v in overrides.items() if v is not None}}
     d, p, depth = s["hidden_size"], s["patch_size"], s["depth"]
     out_c = in_channels * (2 if learn_sigma else 1)
     mlp = int(d * mlp_ratio)
@@ -103,7 +103,7 @@ def _strip(key: str) -> str:
 def read(path, fmt) -> dict:
     """{name: numpy array} from a file (or our checkpoint dir) in format `fmt`."""
     if fmt == "mindspore":
-        from dit_trainer_mindspore.checkpoint import read_weights
+        from dit_trainer_mindspore.ckpt_file import read_weights
 
         return read_weights(path)
     if not os.path.exists(path):
@@ -135,7 +135,7 @@ def write(weights: dict, path, fmt) -> str:
     """Write {name: array} to `path` in format `fmt` (mindspore .ckpt, ours .safetensors, dit-pt .pt)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     if fmt == "mindspore":
-        from dit_trainer_mindspore.checkpoint import save_weights
+        from dit_trainer_mindspore.ckpt_file import save_weights
 
         return save_weights(weights, path)
     if fmt == "ours":

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from dit_trainer.errors import DataError
-from dit_trainer_mindspore.core import leaf
+from dit_trainer.data import labels as labels_mod
 
 _MASK64 = (1 << 64) - 1
 SHARD_FORMAT = "dit-trainer-latent-shards"
@@ -40,7 +40,6 @@ class NpyLatents:
     """Random-access source over a folder of `.npy` latents: item i -> (x float32 C×H×W, y int32)."""
 
     def __init__(self, path, labels_file=None, random_flip=False, seed=0):
-        labels_mod = leaf("dit_trainer.data.labels")
         labels_file = labels_file or labels_mod.find_labels_file(path)
         skip = {"labels.npy", os.path.basename(labels_file) if labels_file else None}
         self.paths = sorted(p for p in glob.glob(os.path.join(path, "*.npy")) if os.path.basename(p) not in skip)

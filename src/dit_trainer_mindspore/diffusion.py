@@ -8,7 +8,7 @@ import numpy as np
 from mindspore import Tensor, ops
 
 from dit_trainer.errors import ConfigError
-from dit_trainer_mindspore.core import schedules
+from dit_trainer.diffusion.schedules import get_named_beta_schedule
 
 _HALF_BIN = 1.0 / 255.0
 
@@ -69,7 +69,7 @@ class GaussianDiffusion:
                  predict_xstart=False, rescale_learned_sigmas=False, use_kl=False):
         if use_kl:
             raise ConfigError("diffusion.use_kl is not supported by backend mindspore; set it false")
-        base = schedules().get_named_beta_schedule(noise_schedule, num_timesteps)
+        base = get_named_beta_schedule(noise_schedule, num_timesteps)
         # create_diffusion always builds a SpacedDiffusion, which recomputes betas from alphas_cumprod
         # even with every step kept; the same round-off here keeps the coefficients bit-identical.
         ac = np.cumprod(1.0 - np.array(base, dtype=np.float64))

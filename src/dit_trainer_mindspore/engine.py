@@ -1,4 +1,4 @@
-"""`MindSporeEngine`: the train step of DiTTrainer on MindSpore: value_and_grad, AdamW, EMA.
+"""`MindSporeTrainer`: the train step of `DiTTrainer` on MindSpore: value_and_grad, AdamW, EMA.
 
 The randomness of step s (timesteps, noise, label-dropout mask) comes from
 `np.random.default_rng([seed, s])`, and the data order from a per-epoch permutation, so a run is
@@ -19,7 +19,7 @@ from dit_trainer_mindspore.model import DiT
 from dit_trainer_mindspore.optim import adamw_update, ema_update, zeros_like_params
 
 
-class MindSporeEngine:
+class MindSporeTrainer:
     """Model, diffusion, optimizer and EMA of one MindSpore training run (one process or msrun DP)."""
 
     def __init__(self, config, jit=None):
@@ -45,7 +45,8 @@ class MindSporeEngine:
                                   for p in self.all_params)
         self.step = 0
         self.grad_reducer = _grad_reducer(self.params)
-        self.dp_size = _dp()[1]
+        rank, self.dp_size = _dp()
+        self.is_main = rank == 0
         self._all_reduce = ops.AllReduce() if self.dp_size > 1 else None
         self._grad_fn = ms.value_and_grad(self._loss, None, self.params)
         self.jit = jit
