@@ -9,7 +9,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.models import DiT
 from dit_trainer.parallel import ParallelDims, apply_ac, fused_rows_to_full_layout, fused_rows_to_tp_layout
 from dit_trainer.parallel.ema import ShardedEMA
-from dit_trainer.parallel.pipeline import TargetPacking, stage_ranges
+from dit_trainer.parallel.pipeline_parallel import TargetPacking, stage_ranges
 from dit_trainer.train.ema import create_ema, update_ema
 
 

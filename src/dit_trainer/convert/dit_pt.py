@@ -7,7 +7,7 @@ The file holds tensors only; the model's size is read off their shapes unless `-
 
 from pathlib import Path
 
-from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, tensor_shape
 from dit_trainer.errors import CheckpointError
 from dit_trainer.model_file import is_model_file, load_model_file

@@ -23,7 +23,7 @@ from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
-from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
+from dit_trainer.parallel.pipeline_parallel import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
 from dit_trainer.train import checkpointing, host_sync, loop
 from dit_trainer.train.backends import fused_adamw, other_engine, resolve_amp_dtype, resolve_compile

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.model_file import is_model_file, load_model_file
