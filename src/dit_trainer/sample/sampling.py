@@ -6,7 +6,6 @@ objective's (DDPM/DDIM for diffusion, ODE/SDE for transport). The training-time 
 from here too, with what the trainer passes (EMA model, objective, classes), never the trainer.
 """
 
-import contextlib
 import copy
 import math
 
@@ -15,6 +14,7 @@ import torch
 
 from dit_trainer.class_names import dataset_class_names, resolve_labels
 from dit_trainer.errors import ConfigError
+from dit_trainer.rng import seeded_global_rng
 from dit_trainer.sample.decode import load_decoder, to_images
 from dit_trainer.sample.images import save_grid, save_npz, to_uint8
 
@@ -26,18 +26,6 @@ def has_null_class(model) -> bool:
     """Whether the model learned the null label that classifier-free guidance needs."""
     table = getattr(getattr(model, "y_embedder", None), "embedding_table", None)
     return table is None or table.num_embeddings > model.num_classes
-
-
-@contextlib.contextmanager
-def _private_rng(seed: int, device: torch.device):
-    # The diffusion loops draw their per-step noise from the global RNG. Forking it gives them a
-    # seeded stream and hands the caller (the trainer's resumable RNG state) back untouched.
-    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.random.default_generator.manual_seed(seed)
-        for index in cuda:
-            torch.cuda.default_generators[index].manual_seed(seed)
-        yield
 
 
 def as_objective(objective_or_cfg, model):
@@ -119,7 +107,9 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     was_training = model.training
     model.eval()  # in train mode the label embedder would drop labels at random
     try:
-        with _private_rng(step_seed, device):
+        # The diffusion loops draw their per-step noise from the global RNG: a seeded fork gives them
+        # a stream of their own and hands the caller's (the trainer's resumable RNG state) back untouched.
+        with seeded_global_rng(step_seed, device):
             out = objective.sample(fn, z, sampler=sampler, steps=steps, model_kwargs=kwargs, progress=progress, **options)
     finally:
         model.train(was_training)
