@@ -112,6 +112,10 @@ class DiffusionObjective(Objective):
         except ValueError as err:
             raise ConfigError(f"--steps {steps} does not work with {sampler} ({err}); try 25, 50, 100 or 250") from None
 
+    def sampler_option_names(self, sampler) -> tuple:
+        """clip_denoised and generator; ddim takes eta too."""
+        return _OPTIONS[self.check_sampler(sampler)]
+
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """The final sample of the DDPM or DDIM loop from noise z.
 
@@ -119,10 +123,7 @@ class DiffusionObjective(Objective):
         eta (DDIM), generator (seeds the loop's per-step noise; the global RNG is left as it was).
         """
         sampler = self.check_sampler(sampler)
-        unknown = sorted(k for k in options if k not in _OPTIONS[sampler])
-        if unknown:
-            raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
-                              f"it takes {', '.join(_OPTIONS[sampler])}")
+        self.check_options(sampler, options)
         diffusion = self.respaced(sampler, _DEFAULT_STEPS[sampler] if steps is None else steps)
         clip = options.get("clip_denoised", z.shape[1] in (1, 3))
         extra = {"eta": options["eta"]} if "eta" in options else {}

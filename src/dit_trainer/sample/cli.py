@@ -71,14 +71,15 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
                    help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
 
 
-_ODE_FLAGS = ("ode_method", "atol", "rtol")
-_SDE_FLAGS = ("sde_method", "sde_diffusion_form", "sde_diffusion_norm", "sde_last_step", "sde_last_step_size")
+# The flags of the sampler-specific argument group, by dest: the objective says which its sampler takes.
+SAMPLER_FLAGS = ("ode_method", "atol", "rtol", "sde_method", "sde_diffusion_form", "sde_diffusion_norm", "sde_last_step",
+                 "sde_last_step_size")
 
 
-def sampler_options(args, sampler) -> dict:
-    """The sampler-specific flags the user gave, as `objective.sample` options; others are refused."""
-    own = {"ode": _ODE_FLAGS, "sde": _SDE_FLAGS}.get(sampler, ())
-    given = {k: getattr(args, k) for k in _ODE_FLAGS + _SDE_FLAGS if getattr(args, k, None) is not None}
+def sampler_options(args, objective, sampler) -> dict:
+    """The sampler-specific flags the user gave, as `objective.sample` options; those `sampler` does not take are refused."""
+    own = objective.sampler_option_names(sampler)
+    given = {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k, None) is not None}
     foreign = sorted(k for k in given if k not in own)
     if foreign:
         flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
@@ -86,11 +87,7 @@ def sampler_options(args, sampler) -> dict:
     if given.get("sde_last_step") == "None":
         given["sde_last_step"] = None
     if getattr(args, "guidance_interval", None) is not None:
-        if sampler not in ("ode", "sde"):
-            # The diffusion samplers' t is a DDPM timestep, so a [lo, hi] in transport time would never guide.
-            raise ConfigError(f"--guidance-interval applies to transport (SiT) runs, sampled with ode or sde; this run "
-                              f"samples with {sampler}: drop --guidance-interval")
-        given["guidance_interval"] = tuple(args.guidance_interval)
+        given["guidance_interval"] = objective.guidance_interval(tuple(args.guidance_interval), "--guidance-interval")
     return given
 
 
@@ -187,7 +184,7 @@ def run(args) -> int:
     batches = (-(-args.num_samples // args.batch_size) if args.npz else 0) + (1 if args.out or not args.npz else 0)
     compiled = resolve_sample_compile(args.compile, model, batches, args.steps, device)
     common = dict(cfg_scale=args.cfg_scale, sampler=sampler, steps=args.steps, device=device,
-                  cfg_channels=args.cfg_channels, compile=compiled, **sampler_options(args, sampler))
+                  cfg_channels=args.cfg_channels, compile=compiled, **sampler_options(args, objective, sampler))
     if args.npz:
         path = sample_npz(model, objective, args.npz, args.num_samples, args.batch_size, labels=labels, decoder=decoder,
                           seed=args.seed, progress=not args.no_progress, **common)

@@ -146,7 +146,7 @@ def run(args) -> int:
     decoder = load_decoder(cfg, args.vae, device, args.vae_dtype)
     if decoder[0] is None and model.in_channels not in (1, 3):
         raise _no_vae_error(model.in_channels)
-    options = sampler_options(args, sampler)
+    options = sampler_options(args, objective, sampler)
     if rank == 0:
         note_adaptive_steps(args, sampler, cfg)
     out = Path(args.npz)

@@ -96,11 +96,7 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     generator = torch.Generator().manual_seed(int(seed))  # CPU: the same images on every device
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    interval = options.pop("guidance_interval", None)
-    if interval is not None and objective.name != "transport":
-        raise ConfigError(f"guidance_interval applies to transport (SiT) objectives, not {objective.name!r}; drop it")
-    if interval is None:  # the run's default (transport's `guidance_interval`), if it has one
-        interval = getattr(getattr(objective, "sampling", None), "guidance_interval", None)
+    interval = objective.guidance_interval(options.pop("guidance_interval", None))
     fn, kwargs, doubled = guided_model_fn(model, y.to(device), cfg_scale, cfg_channels, interval)
     if doubled:
         z = torch.cat([z, z])
