@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from dit_trainer.errors import ConfigError, DivergenceError
-from dit_trainer.train.ema import ema_decay_at
+from dit_trainer.parallel.ema import ema_decay_at
 
 MODES = ("auto", "step", "log")
 
