@@ -121,34 +121,11 @@ def check_cfg_channels(args, model) -> None:
                           f"pass 1..{model.in_channels} or leave it out (all channels)")
 
 
-def resolve_ckpt(ckpt) -> str:
-    """The checkpoint `--ckpt` names, absolute: a run folder gives its newest checkpoints/step-* folder."""
-    from pathlib import Path
-
-    from dit_trainer.checkpoint import checkpoint_folder
-
-    path = checkpoint_folder(ckpt) if Path(ckpt).is_dir() else Path(ckpt)
-    # Left as given when nothing is there: load_model says what to pass.
-    return str(path.resolve()) if path is not None and path.exists() else str(ckpt)
-
-
 def load_sampling_model(args, ckpt):
-    """(model, cfg) of checkpoint `ckpt` with `--weights`; a sharded checkpoint's training weights come from dcp/."""
-    from pathlib import Path
-
+    """(model, cfg) of checkpoint `ckpt` (a path or a `checkpoint.open` reader) with `--weights`."""
     from dit_trainer.sample.loading import load_model
 
-    path = Path(ckpt)
-    sharded = (args.weights == "model" and path.is_dir() and (path / "dcp").is_dir()
-               and not (path / "model.safetensors").is_file())
-    # load_model builds the model from config.yaml with the EMA; the DCP's model entry then replaces it.
-    model, cfg = load_model(ckpt, args.model, args.image_size, args.num_classes,
-                            prefer_ema=args.weights == "ema" or sharded)
-    if sharded:
-        from dit_trainer.checkpoint.sharded import load_sharded_model
-
-        load_sharded_model(path, model)
-    return model, cfg
+    return load_model(ckpt, args.model, args.image_size, args.num_classes, weights=args.weights)
 
 
 def run(args) -> int:
@@ -162,7 +139,9 @@ def run(args) -> int:
     check_args(args)
     device = resolve_device(args.device, "--device")
     keep_freed_memory_on(device, args.keep_freed_memory == "true")
-    model, cfg = load_sampling_model(args, resolve_ckpt(args.ckpt))
+    from dit_trainer import checkpoint
+
+    model, cfg = load_sampling_model(args, checkpoint.open(args.ckpt, flag="--ckpt"))
     check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)

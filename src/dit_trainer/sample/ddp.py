@@ -75,12 +75,15 @@ def _same_path(value):
     return str(Path(value).expanduser().resolve()) if value and Path(value).expanduser().exists() else value
 
 
-def _manifest_digest(ckpt):
-    """sha256 of a checkpoint folder's manifest.json (which lists every file's sha256), or None."""
-    import hashlib
+def _resolved(ckpt) -> str:
+    """The checkpoint `--ckpt` names, absolute; as given when there is none (opening it then says why on every rank)."""
+    from dit_trainer import checkpoint
+    from dit_trainer.errors import CheckpointError
 
-    manifest = Path(ckpt) / "manifest.json"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:16] if manifest.is_file() else None
+    try:
+        return str(checkpoint.open(ckpt).path)
+    except CheckpointError:
+        return ckpt
 
 
 # Recorded since chunks name the checkpoint they came from; older records lack them and cannot be checked.
@@ -123,8 +126,9 @@ def run(args) -> int:
 
     from dit_trainer.devices import resolve_device
     from dit_trainer.host_memory import keep_freed_memory_on
+    from dit_trainer import checkpoint
     from dit_trainer.sample.cli import (check_args, check_cfg_channels, load_sampling_model, note_adaptive_steps,
-                                        resolve_ckpt, sampler_options)
+                                        sampler_options)
     from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
     from dit_trainer.sample.images import save_grid, save_npz, to_uint8
     from dit_trainer.sample.sampling import as_objective, sample_latents
@@ -137,8 +141,9 @@ def run(args) -> int:
         torch.cuda.set_device(device)
     keep_freed_memory_on(device, args.keep_freed_memory == "true")
     # One checkpoint for every rank, even when the run saves a newer one while the ranks start.
-    ckpt = from_rank0(resolve_ckpt(args.ckpt) if rank == 0 else None)
-    model, cfg = load_sampling_model(args, ckpt)
+    reader = checkpoint.open(from_rank0(_resolved(args.ckpt) if rank == 0 else None), flag="--ckpt")
+    ckpt = str(reader.path)
+    model, cfg = load_sampling_model(args, reader)
     check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
@@ -153,7 +158,7 @@ def run(args) -> int:
     parts = out.with_name(out.name + ".parts")
     # What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the flags that
     # change them; image size and classes as the model got them (the flags matter for weights files only).
-    settings = {"ckpt": ckpt, "ckpt_manifest": _manifest_digest(ckpt), "weights": args.weights,
+    settings = {"ckpt": ckpt, "ckpt_manifest": reader.manifest_digest(), "weights": args.weights,
                 "model": cfg.model.name, "image_size": cfg.data.image_size, "num_classes": model.num_classes,
                 "vae": _same_path(args.vae), "vae_dtype": args.vae_dtype,
                 "objective": objective.name, "sampler": sampler,
