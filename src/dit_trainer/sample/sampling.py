@@ -7,16 +7,14 @@ from here too, with what the trainer passes (EMA model, objective, classes), nev
 """
 
 import copy
-import math
 
-import numpy as np
 import torch
 
 from dit_trainer.class_names import dataset_class_names, resolve_labels
 from dit_trainer.errors import ConfigError
 from dit_trainer.rng import seeded_global_rng
 from dit_trainer.sample.decode import load_decoder, to_images
-from dit_trainer.sample.images import save_grid, save_npz, to_uint8
+from dit_trainer.sample.images import save_grid
 
 # The classes facebookresearch/DiT's sample.py draws by default.
 IMAGENET_DEMO_LABELS = [207, 360, 387, 974, 88, 979, 417, 279]
@@ -116,31 +114,6 @@ def default_classes(num_classes: int, count: int = 10) -> list:
     """Up to `count` class ids spread evenly over 0..num_classes-1."""
     k = max(1, min(count, num_classes))
     return sorted({round(i * (num_classes - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
-
-
-def sample_npz(model, cfg, path, num_samples, batch_size, labels=None, decoder=(None, None, None), seed=0, **kwargs):
-    """ADM-style FID batch at `path`: arr_0 uint8 N×H×W×3, arr_1 int64 labels (uniform unless `labels`)."""
-    if num_samples < 1 or batch_size < 1:
-        raise ConfigError(f"--num-samples {num_samples} and --batch-size {batch_size} must be positive")
-    generator = torch.Generator().manual_seed(int(seed))
-    if labels:
-        y_all = torch.tensor(list(labels), dtype=torch.long).repeat(math.ceil(num_samples / len(labels)))[:num_samples]
-    else:
-        y_all = torch.randint(0, model.num_classes, (num_samples,), generator=generator)
-    from tqdm.auto import tqdm
-
-    arr = None
-    starts = range(0, num_samples, batch_size)
-    for start in tqdm(starts, desc="sample", disable=not kwargs.pop("progress", False), dynamic_ncols=True):
-        y = y_all[start:start + batch_size]
-        batch_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        images = to_uint8(to_images(sample_latents(model, cfg, y, seed=batch_seed, **kwargs), *decoder))
-        if images.shape[-1] == 1:
-            images = np.repeat(images, 3, axis=-1)  # FID evaluators expect RGB
-        if arr is None:
-            arr = np.empty((num_samples, *images.shape[1:]), dtype=np.uint8)
-        arr[start:start + len(y)] = images
-    return save_npz(path, arr, y_all.numpy())
 
 
 def sample_grid(model, objective, cfg, path, device="cpu", classes=None, per_class=None, steps=None, cfg_scale=None):
