@@ -45,7 +45,7 @@ def _export(name, out, seed=0):
     """A random DiT of size `name` (32x32x4 latents, 1000 classes) exported as a diffusers transformer."""
     from dit_trainer.convert import Bundle
     from dit_trainer.convert.hf_diffusers import WEIGHTS
-    from dit_trainer.convert.layout import to_diffusers
+    from dit_trainer.convert.diffusers_names import to_diffusers
     from dit_trainer.convert.pipeline_folder import transformer_config, write_json
     from safetensors.torch import save_file
 

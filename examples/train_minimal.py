@@ -10,6 +10,7 @@ the latents' side and channels and the class count come from the data unless giv
 """
 
 import argparse
+import copy
 import time
 
 import torch
@@ -20,7 +21,7 @@ from dit_trainer.diffusion import create_diffusion
 from dit_trainer.models import get_spec
 from dit_trainer.checkpoint import save_checkpoint
 from dit_trainer.data.loader import config_with_data
-from dit_trainer.train.ema import create_ema, update_ema
+from dit_trainer.parallel.ema import ShardedEMA
 
 
 def parse_args(argv=None):
@@ -46,6 +47,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def ema_model(model, ema):
+    """A plain copy of `model` holding the EMA weights: what `dit sample` reads from ema.safetensors."""
+    averaged = copy.deepcopy(model)
+    averaged.load_state_dict(ema.state_dict())
+    return averaged
+
+
 def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
@@ -64,7 +72,7 @@ def main(argv=None):
     cfg, dataset = config_with_data({k: v for k, v in overrides.items() if v is not None})
 
     model = get_spec(cfg.model.name).build_model_fn(cfg).to(device)
-    ema = create_ema(model)
+    ema = ShardedEMA(model)  # the trainer's EMA; on one plain module it is DiT's update_ema
     diffusion = create_diffusion(timestep_respacing="", learn_sigma=cfg.model.learn_sigma)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0)
 
@@ -84,7 +92,7 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            update_ema(ema, model, args.ema_decay)
+            ema.update(args.ema_decay)
             step += 1
             running += loss.item()
             if step % args.log_every == 0:
@@ -94,7 +102,7 @@ def main(argv=None):
             if (args.ckpt_every and step % args.ckpt_every == 0) or step == args.steps:
                 path = save_checkpoint(cfg.output_dir, step, {
                     "model.safetensors": model.state_dict(),
-                    "ema.safetensors": ema.state_dict(),
+                    "ema.safetensors": ema_model(model, ema).state_dict(),
                     "config.yaml": config_yaml(cfg),
                 })
                 print(f"saved {path}")

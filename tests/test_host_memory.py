@@ -1,6 +1,6 @@
 """host_memory.keep_freed_memory: large blocks freed and allocated again stop page-faulting; the
 trainer applies it on CPU by itself, and so do the commands that
-compute on a CPU unless `--keep-freed-memory false`. Each case runs in a fresh
+compute on a CPU. Each case runs in a fresh
 process, since the setting is process-wide and cannot be undone."""
 
 import subprocess

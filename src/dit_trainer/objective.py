@@ -44,8 +44,33 @@ class Objective:
         """`sampler` or the default, refused with a one-line error if this objective lacks it."""
         sampler = sampler or self.default_sampler
         if sampler not in self.samplers:
-            raise ConfigError(f"sampler {sampler!r} does not fit objective {self.name!r}; use one of {', '.join(self.samplers)}")
+            raise ConfigError(f"sampler {sampler!r} does not fit objective {self.name!r} (it is not one of "
+                              f"{', '.join(self.samplers)}); use one of those")
         return sampler
+
+    def sampler_option_names(self, sampler) -> tuple:
+        """The option names `sample(..., sampler=sampler, **options)` accepts; none by default."""
+        self.check_sampler(sampler)
+        return ()
+
+    def check_options(self, sampler, options) -> None:
+        """Options `sampler` does not take are refused with a one-line error."""
+        allowed = self.sampler_option_names(sampler)
+        unknown = sorted(k for k in options if k not in allowed)
+        if unknown:
+            raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
+                              f"it takes {', '.join(allowed) or 'none'}")
+
+    def guidance_interval(self, requested=None, flag="guidance_interval"):
+        """The (lo, hi) times to guide in, or None (every step); `flag` names `requested` in the error.
+
+        By default an objective has no such interval: one requested is refused, since a [lo, hi] in
+        transport time would never meet, say, a DDPM timestep, and sampling would silently not guide.
+        """
+        if requested is not None:
+            raise ConfigError(f"{flag} applies to transport (SiT) runs, sampled with ode or sde; objective "
+                              f"{self.name!r} has no guidance interval: drop {flag}")
+        return None
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """Samples from initial noise z with model_fn(x, t, **model_kwargs)."""

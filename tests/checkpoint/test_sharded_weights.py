@@ -9,10 +9,11 @@ import torch
 from safetensors.torch import save_file
 from trainer_helpers import tiny_config
 
+from dit_trainer import checkpoint
 from dit_trainer.checkpoint import load_weights
 from dit_trainer.checkpoint.sharded import _single_process_quiet, load_sharded_model
 from dit_trainer.errors import CheckpointError
-from dit_trainer.sample.cli import load_sampling_model, resolve_ckpt
+from dit_trainer.sample.cli import load_sampling_model
 from dit_trainer.train import DiTTrainer
 
 
@@ -36,7 +37,7 @@ def _args(weights):
 
 def test_weights_model_reads_dcp_not_the_ema(run):
     trainer, out = run
-    step = resolve_ckpt(out)
+    step = str(checkpoint.open(out).path)
     assert step.endswith("checkpoints/step-00000003") and not (out / "checkpoints" / "step-00000003" /
                                                                 "model.safetensors").exists()
     model, _ = load_sampling_model(_args("model"), step)

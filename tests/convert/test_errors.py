@@ -115,7 +115,7 @@ def test_export_with_an_uncached_hub_vae_offline_fails_at_once(ours_dir, tmp_pat
 
 def test_pixel_model_export_says_it_has_no_pipeline_form(vae_dir, tmp_path):
     from dit_trainer.convert import write
-    from dit_trainer.convert.bundle import Bundle
+    from dit_trainer.convert.model_bundle import Bundle
     from dit_trainer.convert.model_config import build_dit
     from dit_trainer.errors import ConfigError
 

@@ -55,7 +55,7 @@ def test_every_size_maps_onto_diffusers_transformer(name):
     """Key set and every shape of the export equal a DiTTransformer2DModel built from the exported config."""
     from diffusers import DiTTransformer2DModel
 
-    from dit_trainer.convert.layout import to_diffusers
+    from dit_trainer.convert.diffusers_names import to_diffusers
     from dit_trainer.convert.pipeline_folder import model_from_transformer_config, transformer_config
     from dit_trainer.models.dit import DiT_models
 

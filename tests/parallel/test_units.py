@@ -8,9 +8,7 @@ import torch
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import DiT
 from dit_trainer.parallel import ParallelDims, apply_ac, fused_rows_to_full_layout, fused_rows_to_tp_layout
-from dit_trainer.parallel.ema import ShardedEMA
-from dit_trainer.parallel.pipeline import TargetPacking, stage_ranges
-from dit_trainer.train.ema import create_ema, update_ema
+from dit_trainer.parallel.pipeline_parallel import TargetPacking, stage_ranges
 
 
 def test_free_degree_takes_the_rest():
@@ -119,19 +117,6 @@ def test_selective_policy_saves_linear_outputs_and_recomputes_attention_matmuls(
     # The CPU attention kernel's scores (heads x tokens^2) are among the largest tensors of a block.
     for op in (aten.bmm.default, aten.gelu.default, aten.native_layer_norm.default):
         assert policy(None, op) == CheckpointPolicy.PREFER_RECOMPUTE, op
-
-
-def test_sharded_ema_matches_update_ema():
-    model = _tiny()
-    ema_module, sharded = create_ema(model), ShardedEMA(model)
-    for decay in (0.9, 0.5):
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p))
-        update_ema(ema_module, model, decay)
-        sharded.update(decay)
-    for n, p in ema_module.named_parameters():
-        assert torch.equal(sharded.shadow[n], p)
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")

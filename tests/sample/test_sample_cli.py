@@ -91,6 +91,26 @@ def test_guidance_interval_on_a_diffusion_run_is_refused(digits_ckpt, tmp_path, 
         S.sample_latents(model, cfg, [1], steps=2, guidance_interval=(0.2, 0.8))
 
 
+def test_sampler_flags_are_the_objectives_to_accept():
+    from types import SimpleNamespace
+
+    from dit_trainer.sample.cli import sampler_options
+
+    class Tolerant:  # an objective whose one sampler takes atol only, and has no guidance interval of its own
+        name = "tolerant"
+
+        def sampler_option_names(self, sampler):
+            return ("atol",)
+
+        def guidance_interval(self, requested=None, flag="guidance_interval"):
+            return requested
+
+    args = SimpleNamespace(atol=1e-3, sde_method=None, guidance_interval=[0.2, 0.8])
+    assert sampler_options(args, Tolerant(), "any") == {"atol": 1e-3, "guidance_interval": (0.2, 0.8)}
+    with pytest.raises(ConfigError, match="^--sde-method do\\(es\\) not apply to --sampler any$"):
+        sampler_options(SimpleNamespace(sde_method="Heun"), Tolerant(), "any")
+
+
 def test_ema_weights_are_loaded(digits_ckpt):
     model, cfg = S.load_model(digits_ckpt[0])
     assert cfg.model.options["depth"] == 2 and cfg.data.path == "digits"

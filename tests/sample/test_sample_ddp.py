@@ -16,7 +16,6 @@ from dit_trainer.checkpoint import save_checkpoint
 from dit_trainer.cli import main
 from dit_trainer.config import config_from_dict
 from dit_trainer.models import get_spec
-from dit_trainer.sample.ddp import chunk_labels
 
 
 def _files(seed=0):
@@ -41,14 +40,8 @@ ARGS = ["--num-samples", "10", "--batch-size", "3", "--sampler", "ode", "--ode-m
         "--seed", "7", "--device", "cpu", "--no-progress"]
 
 
-def test_labels_cover_classes_uniformly():
-    labels = chunk_labels(40, 4, seed=3)
-    assert np.bincount(labels).tolist() == [10, 10, 10, 10]
-    assert not np.array_equal(labels, chunk_labels(40, 4, seed=4))
-
-
 def test_one_process_then_resume(ckpt, tmp_path, monkeypatch, capsys):
-    import dit_trainer.sample.ddp as ddp
+    import dit_trainer.sample.fid_batch as writer
 
     out = tmp_path / "s.npz"
     assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(out), *ARGS]) == 0
@@ -61,7 +54,7 @@ def test_one_process_then_resume(ckpt, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "s.npz.parts").exists()
     # An interrupted run (stopped after 2 of 4 chunks); the rerun samples the rest, to the same images.
     first = data["arr_0"].copy()
-    save, saved = ddp._save_chunk, []
+    save, saved = writer._save_chunk, []
 
     def stop_after_two(path, images, labels):
         if len(saved) == 2:
@@ -69,10 +62,10 @@ def test_one_process_then_resume(ckpt, tmp_path, monkeypatch, capsys):
         saved.append(path.name)
         save(path, images, labels)
 
-    monkeypatch.setattr(ddp, "_save_chunk", stop_after_two)
+    monkeypatch.setattr(writer, "_save_chunk", stop_after_two)
     again = tmp_path / "again.npz"
     assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(again), *ARGS]) == 130  # Ctrl-C
-    monkeypatch.setattr(ddp, "_save_chunk", save)
+    monkeypatch.setattr(writer, "_save_chunk", save)
     assert sorted(p.name for p in (tmp_path / "again.npz.parts").glob("chunk-*")) == saved
     # Other settings over the same chunks are refused, not mixed in, and the error names what differs.
     capsys.readouterr()
@@ -97,9 +90,9 @@ def test_two_processes_write_what_one_does(ckpt, tmp_path):
 
 def _interrupt(monkeypatch, argv, after=1):
     """Run sample-ddp with `argv` and stop it (Ctrl-C) after `after` chunks, as a killed FID run would be."""
-    import dit_trainer.sample.ddp as ddp
+    import dit_trainer.sample.fid_batch as writer
 
-    save, saved = ddp._save_chunk, []
+    save, saved = writer._save_chunk, []
 
     def stop(path, images, labels):
         if len(saved) == after:
@@ -107,9 +100,9 @@ def _interrupt(monkeypatch, argv, after=1):
         saved.append(path.name)
         save(path, images, labels)
 
-    monkeypatch.setattr(ddp, "_save_chunk", stop)
+    monkeypatch.setattr(writer, "_save_chunk", stop)
     assert main(["sample-ddp", *argv]) == 130
-    monkeypatch.setattr(ddp, "_save_chunk", save)
+    monkeypatch.setattr(writer, "_save_chunk", save)
 
 
 def test_resume_checks_the_checkpoint_a_run_folder_resolved_to(tmp_path, monkeypatch, capsys):

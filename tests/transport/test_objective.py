@@ -131,3 +131,20 @@ def test_diffusion_sample_respaces_and_is_seeded():
     assert torch.equal(a, b) and not torch.equal(a, ddim)
     with pytest.raises(ConfigError, match="steps"):
         obj.sample(model, z, sampler="ddim", steps=0, model_kwargs=kw)
+
+
+def test_each_objective_names_its_samplers_options_and_guidance_interval():
+    transport = build_objective(_transport_cfg(guidance_interval=[0.1, 0.9]))
+    diffusion = build_objective(Config())
+    assert "ode_method" in transport.sampler_option_names("ode") and "sde_method" not in transport.sampler_option_names("ode")
+    assert "sde_method" in transport.sampler_option_names("sde") and "atol" not in transport.sampler_option_names("sde")
+    assert "eta" in diffusion.sampler_option_names("ddim") and "eta" not in diffusion.sampler_option_names("ddpm")
+    with pytest.raises(ConfigError, match="does not fit objective 'transport'"):
+        transport.sampler_option_names("ddim")
+    with pytest.raises(ConfigError, match="atol do not apply to the ddpm sampler; it takes clip_denoised"):
+        diffusion.check_options("ddpm", {"atol": 1e-3})
+    # Transport: the one asked for, else its section's default; diffusion has none and refuses one.
+    assert transport.guidance_interval((0.2, 0.8)) == (0.2, 0.8) and transport.guidance_interval() == [0.1, 0.9]
+    assert build_objective(_transport_cfg()).guidance_interval() is None and diffusion.guidance_interval() is None
+    with pytest.raises(ConfigError, match="^--gi applies to transport .* objective 'diffusion'.*: drop --gi$"):
+        diffusion.guidance_interval((0.2, 0.8), "--gi")

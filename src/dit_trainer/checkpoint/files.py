@@ -56,6 +56,26 @@ def checkpoint_folder(path):
     return latest_checkpoint(path)
 
 
+def resolve_checkpoint(path, flag=None) -> Path:
+    """The checkpoint folder or weights file `path` names (a run folder gives its newest checkpoint),
+    or a one-line error; `flag` names where the path came from (e.g. --ckpt)."""
+    named = f"{flag} {path}" if flag else str(path)
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{named} does not exist; pass a run folder, a checkpoint folder or a DiT .pt/.safetensors file")
+    if not p.is_dir():
+        return p
+    folder = checkpoint_folder(p)
+    if folder is None:
+        # With a config.yaml: a run stopped before its first save (or a step folder that lost its weights).
+        started = (p / "config.yaml").is_file()
+        raise CheckpointError(
+            f"{named} {'has a config.yaml but no checkpoint yet' if started else 'holds no checkpoint'}: no "
+            f"model.safetensors, ema.safetensors or checkpoints/step-*; pass a dit-trainer run folder "
+            f"{'that has saved one (checkpoint.save_steps) ' if started else ''}or one of its checkpoints/step-* folders")
+    return folder
+
+
 def _contiguous(sd: dict) -> dict:
     # safetensors refuses shared or strided storage; clone what is not a plain tensor.
     return {k: v.detach().contiguous().clone() if not v.is_contiguous() else v.detach() for k, v in sd.items()}
@@ -275,16 +295,10 @@ def load_weights(path, prefer_ema: bool = True) -> dict:
     `prefer_ema` is False; then a folder without `model.safetensors` (a sharded or converted one) is an error, never
     its EMA. A DiT training checkpoint (`{"model", "ema", "opt", "args"}`) gives its EMA.
     """
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"weights path {path} does not exist; pass a checkpoint directory, .pt or .safetensors file")
+    # A run folder gives its newest checkpoint, as `dit sample --ckpt RUN_DIR` takes.
+    p = resolve_checkpoint(path, "weights path")
     if p.is_dir():
         names = ["ema.safetensors", "model.safetensors"] if prefer_ema else ["model.safetensors", "ema.safetensors"]
-        # A run folder gives its newest checkpoint, as `dit sample --ckpt RUN_DIR` takes.
-        p = checkpoint_folder(p)
-        if p is None:
-            raise CheckpointError(f"{path} holds no model.safetensors, ema.safetensors or checkpoints/step-*; "
-                                  "pass a dit-trainer run folder or one of its checkpoints/step-* folders")
         if not prefer_ema and not (p / "model.safetensors").is_file():
             # Taking ema.safetensors instead would hand back other weights than asked for, without a word.
             if (p / "dcp").is_dir():

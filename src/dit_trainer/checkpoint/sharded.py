@@ -145,6 +145,22 @@ def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=Non
     return None
 
 
+def _safe_load(state: dict, path) -> None:
+    """dcp.load of `state` from `path` through the restricted reader, failures as one line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from dit_trainer.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+
+    try:
+        # Never torch's own reader: it unpickles `.metadata` and byte items without restriction.
+        with _single_process_quiet():
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
+        raise CheckpointError(f"cannot load sharded checkpoint {path}: {_first_cause(err)}") from None
+
+
 def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_state=True):
     """Load a checkpoint written by `save_sharded` under any layout into this one; returns the trainer state."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
@@ -165,18 +181,7 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         state["ema"] = template(ema.state_dict())
     if load_trainer_state:
         state["trainer"] = io.BytesIO()
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from dit_trainer.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
-
-    try:
-        # Never torch's own reader: it unpickles `.metadata` and byte items without restriction.
-        with _single_process_quiet():
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as err:  # CheckpointException is a BaseException
-        raise CheckpointError(f"cannot load sharded checkpoint {path}: {_first_cause(err)}") from None
+    _safe_load(state, path)
 
     model_sd = _relayout_all(state["model"], fused, fused_rows_to_tp_layout)
     optim_sd = _relayout_all(state.get("optimizer", {}), fused, fused_rows_to_tp_layout)
@@ -209,14 +214,17 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
     return trainer if load_trainer_state else None
 
 
-def load_sharded_model(folder, model) -> None:
-    """Load the training weights (the DCP `model` entry) of sharded checkpoint `folder` into a plain model.
+def read_sharded_model(folder) -> dict:
+    """The training weights (the DCP `model` entry) of sharded checkpoint `folder`, as a full state dict.
 
     Checked as `load_weights` checks `model.safetensors`: the shards against the manifest, then finiteness.
     """
     from pathlib import Path
 
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     from dit_trainer.checkpoint.files import verify_file
+    from dit_trainer.checkpoint.safe_dcp import read_metadata_file
 
     folder = Path(folder)
     if not (folder / "dcp" / ".metadata").is_file():
@@ -225,10 +233,23 @@ def load_sharded_model(folder, model) -> None:
     for path in sorted((folder / "dcp").iterdir()):
         if path.is_file():
             verify_file(folder, f"dcp/{path.name}")
-    load_sharded(folder / "dcp", model, load_trainer_state=False)
-    for key, value in model.state_dict().items():
+    # Checkpoints hold the released layout in full tensors, so the shapes DCP recorded make the
+    # template: no model has to be built to read them.
+    recorded = read_metadata_file(folder / "dcp" / ".metadata").state_dict_metadata
+    weights = {key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+               for key, meta in recorded.items() if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    _safe_load({"model": weights}, folder / "dcp")
+    for key, value in weights.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise CheckpointError(f"{folder / 'dcp'}: model.{key} holds NaN or inf; use another checkpoint")
+    return weights
+
+
+def load_sharded_model(folder, model) -> None:
+    """Load the training weights of sharded checkpoint `folder` (`read_sharded_model`) into a plain model."""
+    from dit_trainer.checkpoint.files import load_into
+
+    load_into(model, read_sharded_model(folder), folder)
 
 
 def _first_cause(err: BaseException) -> str:

@@ -4,8 +4,8 @@
 `Bundle` (our tensor names + model config + VAE + class names) and writes it in another.
 """
 
-from dit_trainer.convert.bundle import Bundle
 from dit_trainer.config.paddlemix_json import is_paddlemix_config, load_paddlemix_json, model_config_from_paddlemix
+from dit_trainer.convert.model_bundle import Bundle
 
 READERS = ("dit-pt", "ours", "diffusers", "ppdiffusers")
 WRITERS = ("ours", "diffusers", "ppdiffusers")
@@ -20,9 +20,9 @@ def read(fmt, src, model=None, vae=None, num_heads=None, convention="diffusers")
 
         return dit_pt.read(src, model, num_heads, vae)
     if fmt == "ours":
-        from dit_trainer.convert import ours
+        from dit_trainer.convert import run_folder
 
-        return ours.read(src, model, vae)
+        return run_folder.read(src, model, vae)
     if fmt in ("diffusers", "ppdiffusers"):
         from dit_trainer.convert import hf_diffusers, ppdiffusers_fmt
 
@@ -38,7 +38,7 @@ def write(fmt, bundle: Bundle, out):
     from dit_trainer.errors import ConfigError
 
     if fmt == "ours":
-        from dit_trainer.convert import ours as mod
+        from dit_trainer.convert import run_folder as mod
     elif fmt == "diffusers":
         from dit_trainer.convert import hf_diffusers as mod
     elif fmt == "ppdiffusers":

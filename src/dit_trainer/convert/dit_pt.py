@@ -7,7 +7,7 @@ The file holds tensors only; the model's size is read off their shapes unless `-
 
 from pathlib import Path
 
-from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.model_config import check_fits, infer_from_state_dict, tensor_shape
 from dit_trainer.errors import CheckpointError
 from dit_trainer.config.model_file import is_model_file, load_model_file
@@ -16,12 +16,12 @@ from dit_trainer.config.model_file import is_model_file, load_model_file
 def read(src, model=None, num_heads=None, vae=None) -> Bundle:
     """A Bundle from a released DiT `.pt` (or `.safetensors`); `model` is a size name like DiT-XL/2 or a
     model config file (PaddleMIX DiT JSON, our YAML)."""
-    from dit_trainer.checkpoint import load_weights
+    from dit_trainer import checkpoint
 
     path = Path(src)
     if not path.is_file():
         raise CheckpointError(f"{src} is not a file; --from dit-pt takes a DiT .pt (or .safetensors) file")
-    sd = load_weights(path, prefer_ema=True)
+    sd = checkpoint.open(path).weights("ema")
     if model and num_heads:
         raise CheckpointError(f"--model {model} gives the head count; drop --num-heads {num_heads}")
     if model and is_model_file(model):

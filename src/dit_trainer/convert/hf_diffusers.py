@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.convert.bundle import Bundle
-from dit_trainer.convert.layout import from_diffusers, to_diffusers
+from dit_trainer.convert.model_bundle import Bundle
+from dit_trainer.convert.diffusers_names import from_diffusers, to_diffusers
 from dit_trainer.convert.model_config import check_fits, fixed_pos_embed
 from dit_trainer.convert.pipeline_folder import (class_names_from, diffusion_from_scheduler, id2label,
                                                  model_from_transformer_config, read_json, scheduler_config,

@@ -10,9 +10,9 @@ Everything is written and read without paddle; linear weights are stored [in, ou
 
 from pathlib import Path
 
-from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.hf_diffusers import check_pos_embed, load_vae_model, model_index, pipeline_bundle
-from dit_trainer.convert.layout import to_diffusers
+from dit_trainer.convert.diffusers_names import to_diffusers
 from dit_trainer.convert.pdparams import load_pdparams, save_pdparams
 from dit_trainer.convert.pipeline_folder import (model_from_transformer_config, read_json, scheduler_config,
                                                  transformer_config, transformer_dir, write_json)
@@ -44,7 +44,7 @@ def write(bundle: Bundle, out) -> Path:
 
 def read(src, convention="diffusers") -> Bundle:
     """A Bundle from a ppdiffusers DiTPipeline folder; its VAE is rewritten as a diffusers folder
-    in a temporary directory, which `ours.write` copies next to the weights."""
+    in a temporary directory, which `run_folder.write` copies next to the weights."""
     root = Path(src)
     tdir = transformer_dir(src, "ppdiffusers")
     model = model_from_transformer_config(read_json(tdir / "config.json"), tdir / "config.json", convention)

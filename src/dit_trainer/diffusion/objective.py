@@ -7,6 +7,7 @@ import torch
 from dit_trainer.diffusion import create_diffusion, create_named_schedule_sampler
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import Objective
+from dit_trainer.rng import seeded_global_rng
 
 _OPTIONS = {"ddpm": ("clip_denoised", "generator"), "ddim": ("clip_denoised", "generator", "eta")}
 _DEFAULT_STEPS = {"ddpm": 250, "ddim": 50}
@@ -29,20 +30,6 @@ def diffusion_kwargs(cfg) -> dict:
 def diffusion_from_config(cfg, timestep_respacing=""):
     """The Gaussian diffusion described by `cfg.diffusion` and `cfg.model.learn_sigma`."""
     return create_diffusion(timestep_respacing=timestep_respacing, **diffusion_kwargs(cfg))
-
-
-@contextlib.contextmanager
-def _seeded_global_rng(generator, device):
-    # The diffusion loops draw per-step noise from the global RNG: fork it, seeded from the
-    # caller's generator, so the caller's own global RNG state is left untouched.
-    if generator is None:
-        yield
-        return
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.manual_seed(seed)
-        yield
 
 
 class DiffusionObjective(Objective):
@@ -125,6 +112,10 @@ class DiffusionObjective(Objective):
         except ValueError as err:
             raise ConfigError(f"--steps {steps} does not work with {sampler} ({err}); try 25, 50, 100 or 250") from None
 
+    def sampler_option_names(self, sampler) -> tuple:
+        """clip_denoised and generator; ddim takes eta too."""
+        return _OPTIONS[self.check_sampler(sampler)]
+
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """The final sample of the DDPM or DDIM loop from noise z.
 
@@ -132,14 +123,16 @@ class DiffusionObjective(Objective):
         eta (DDIM), generator (seeds the loop's per-step noise; the global RNG is left as it was).
         """
         sampler = self.check_sampler(sampler)
-        unknown = sorted(k for k in options if k not in _OPTIONS[sampler])
-        if unknown:
-            raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
-                              f"it takes {', '.join(_OPTIONS[sampler])}")
+        self.check_options(sampler, options)
         diffusion = self.respaced(sampler, _DEFAULT_STEPS[sampler] if steps is None else steps)
         clip = options.get("clip_denoised", z.shape[1] in (1, 3))
         extra = {"eta": options["eta"]} if "eta" in options else {}
         loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop
-        with torch.no_grad(), _seeded_global_rng(options.get("generator"), z.device):
+        generator = options.get("generator")
+        # The loops draw per-step noise from the global RNG: a fork seeded from the caller's generator
+        # leaves the caller's own global RNG state untouched.
+        seeded = (seeded_global_rng(int(torch.randint(0, 2**62, (1,), generator=generator)), z.device)
+                  if generator is not None else contextlib.nullcontext())
+        with torch.no_grad(), seeded:
             return loop(model_fn, tuple(z.shape), noise=z, clip_denoised=clip, model_kwargs=dict(model_kwargs or {}),
                         device=z.device, progress=progress, **extra)

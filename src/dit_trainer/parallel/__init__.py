@@ -5,7 +5,7 @@ pipeline schedules, activation checkpointing, compile and the sharded EMA. A mod
 from dit_trainer.parallel.dims import MESH_DIMS, ParallelDims, choose_backend, init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, parallelize_units
-from dit_trainer.parallel.pipeline import TargetPacking, build_pipeline, pipeline_step, prune_to_stage, stage_ranges
+from dit_trainer.parallel.pipeline_parallel import TargetPacking, build_pipeline, pipeline_step, prune_to_stage, stage_ranges
 from dit_trainer.parallel.tp import (
     apply_tp_plan,
     fused_row_layouts,

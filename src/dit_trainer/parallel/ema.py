@@ -1,6 +1,7 @@
-"""EMA of the parameters, each kept exactly like its parameter: a DTensor shard under FSDP/TP,
-only this stage's blocks under PP. Updating touches local shards only, so EMA costs no
-communication and 1/N of the memory of a full copy."""
+"""EMA of the parameters (what sampling uses), each kept exactly like its parameter: a DTensor
+shard under FSDP/TP, only this stage's blocks under PP, a plain tensor for a plain module.
+Updating touches local shards only, so EMA costs no communication and 1/N of the memory of a
+full copy."""
 
 import torch
 import torch.nn as nn

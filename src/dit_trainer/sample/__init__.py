@@ -15,7 +15,7 @@ _LAZY = {
     "save_grid": "images", "save_npz": "images", "to_uint8": "images",
     "IMAGENET_DEMO_LABELS": "sampling", "as_objective": "sampling", "default_classes": "sampling",
     "guided_model_fn": "sampling", "has_null_class": "sampling", "sample_grid": "sampling",
-    "sample_latents": "sampling", "sample_npz": "sampling",
+    "sample_latents": "sampling",
 }
 
 

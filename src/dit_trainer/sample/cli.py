@@ -1,5 +1,6 @@
 """`dit sample`: a PNG grid or an ADM `.npz` batch from a checkpoint."""
 
+import dataclasses
 import math
 import sys
 
@@ -24,7 +25,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", default=None, help="PNG grid to write (default samples.png unless --npz is given)")
     p.add_argument("--per-class", type=int, default=1, help="samples per label in the grid, one row per label")
     p.add_argument("--nrow", type=int, default=None, help="images per grid row")
-    p.add_argument("--npz", default=None, help="write an ADM-style .npz batch (arr_0 uint8 N×H×W×3) for FID")
+    p.add_argument("--npz", default=None, help="write an ADM-style .npz batch (arr_0 uint8 N×H×W×3) for FID, as "
+                   "sample-ddp does on one process: classes covered uniformly, resumable")
     p.add_argument("--num-samples", type=int, default=50000, help="samples in the .npz")
     p.add_argument("--batch-size", type=int, default=32, help="samples per forward batch for --npz")
     add_sampling_arguments(p)
@@ -70,14 +72,15 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
                    help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
 
 
-_ODE_FLAGS = ("ode_method", "atol", "rtol")
-_SDE_FLAGS = ("sde_method", "sde_diffusion_form", "sde_diffusion_norm", "sde_last_step", "sde_last_step_size")
+# The flags of the sampler-specific argument group, by dest: the objective says which its sampler takes.
+SAMPLER_FLAGS = ("ode_method", "atol", "rtol", "sde_method", "sde_diffusion_form", "sde_diffusion_norm", "sde_last_step",
+                 "sde_last_step_size")
 
 
-def sampler_options(args, sampler) -> dict:
-    """The sampler-specific flags the user gave, as `objective.sample` options; others are refused."""
-    own = {"ode": _ODE_FLAGS, "sde": _SDE_FLAGS}.get(sampler, ())
-    given = {k: getattr(args, k) for k in _ODE_FLAGS + _SDE_FLAGS if getattr(args, k, None) is not None}
+def sampler_options(args, objective, sampler) -> dict:
+    """The sampler-specific flags the user gave, as `objective.sample` options; those `sampler` does not take are refused."""
+    own = objective.sampler_option_names(sampler)
+    given = {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k, None) is not None}
     foreign = sorted(k for k in given if k not in own)
     if foreign:
         flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
@@ -85,11 +88,7 @@ def sampler_options(args, sampler) -> dict:
     if given.get("sde_last_step") == "None":
         given["sde_last_step"] = None
     if getattr(args, "guidance_interval", None) is not None:
-        if sampler not in ("ode", "sde"):
-            # The diffusion samplers' t is a DDPM timestep, so a [lo, hi] in transport time would never guide.
-            raise ConfigError(f"--guidance-interval applies to transport (SiT) runs, sampled with ode or sde; this run "
-                              f"samples with {sampler}: drop --guidance-interval")
-        given["guidance_interval"] = tuple(args.guidance_interval)
+        given["guidance_interval"] = objective.guidance_interval(tuple(args.guidance_interval), "--guidance-interval")
     return given
 
 
@@ -123,81 +122,90 @@ def check_cfg_channels(args, model) -> None:
                           f"pass 1..{model.in_channels} or leave it out (all channels)")
 
 
-def resolve_ckpt(ckpt) -> str:
-    """The checkpoint `--ckpt` names, absolute: a run folder gives its newest checkpoints/step-* folder."""
-    from pathlib import Path
-
-    from dit_trainer.checkpoint import checkpoint_folder
-
-    path = checkpoint_folder(ckpt) if Path(ckpt).is_dir() else Path(ckpt)
-    # Left as given when nothing is there: load_model says what to pass.
-    return str(path.resolve()) if path is not None and path.exists() else str(ckpt)
-
-
 def load_sampling_model(args, ckpt):
-    """(model, cfg) of checkpoint `ckpt` with `--weights`; a sharded checkpoint's training weights come from dcp/."""
-    from pathlib import Path
-
+    """(model, cfg) of checkpoint `ckpt` (a path or a `checkpoint.open` reader) with `--weights`."""
     from dit_trainer.sample.loading import load_model
 
-    path = Path(ckpt)
-    sharded = (args.weights == "model" and path.is_dir() and (path / "dcp").is_dir()
-               and not (path / "model.safetensors").is_file())
-    # load_model builds the model from config.yaml with the EMA; the DCP's model entry then replaces it.
-    model, cfg = load_model(ckpt, args.model, args.image_size, args.num_classes,
-                            prefer_ema=args.weights == "ema" or sharded)
-    if sharded:
-        from dit_trainer.checkpoint.sharded import load_sharded_model
-
-        load_sharded_model(path, model)
-    return model, cfg
+    return load_model(ckpt, args.model, args.image_size, args.num_classes, weights=args.weights)
 
 
-def run(args) -> int:
-    """Load the checkpoint, sample, and write the grid and/or the .npz."""
-    from dit_trainer.class_names import dataset_class_names, resolve_labels
-    from dit_trainer.devices import resolve_device
-    from dit_trainer.sample.decode import _no_vae_error, load_decoder, to_images
-    from dit_trainer.sample.images import save_grid
-    from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, as_objective, default_classes, sample_latents, sample_npz
+@dataclasses.dataclass
+class SamplingRun:
+    """A checkpoint's model on its device and what sampling it takes: objective, sampler, its options, the VAE."""
 
-    check_args(args)
-    device = resolve_device(args.device, "--device")
-    keep_freed_memory_on(device)
-    model, cfg = load_sampling_model(args, resolve_ckpt(args.ckpt))
+    model: object
+    cfg: object
+    objective: object
+    sampler: str
+    options: dict
+    device: object
+    decoder: tuple = (None, None, None)
+
+
+def prepare_sampling(args, ckpt, device, rank=0) -> SamplingRun:
+    """The SamplingRun of `ckpt` (a path or a `checkpoint.open` reader) with every sampling flag checked;
+    the VAE is loaded apart (`load_vae`), so a command can check its own flags first."""
+    from dit_trainer.sample.sampling import as_objective
+
+    model, cfg = load_sampling_model(args, ckpt)
     check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
     # The release's sampler (DDPM for diffusion) unless one is named.
     sampler = objective.check_sampler(args.sampler or objective.samplers[0])
-    note_adaptive_steps(args, sampler, cfg)
+    options = sampler_options(args, objective, sampler)
+    if rank == 0:
+        note_adaptive_steps(args, sampler, cfg)
+    return SamplingRun(model, cfg, objective, sampler, options, device)
+
+
+def load_vae(args, run: SamplingRun) -> None:
+    """Load the VAE into `run` before minutes of sampling, so a missing one fails at once."""
+    from dit_trainer.sample.decode import _no_vae_error, load_decoder
+
+    run.decoder = load_decoder(run.cfg, args.vae, run.device, args.vae_dtype)
+    if run.decoder[0] is None and run.model.in_channels not in (1, 3):
+        raise _no_vae_error(run.model.in_channels)
+
+
+def run(args) -> int:
+    """Load the checkpoint, sample, and write the grid and/or the .npz (`dit sample-ddp`'s writer, on one process)."""
+    from dit_trainer import checkpoint
+    from dit_trainer.class_names import dataset_class_names, resolve_labels
+    from dit_trainer.devices import resolve_device
+    from dit_trainer.sample.compile import resolve_sample_compile
+    from dit_trainer.sample.decode import to_images
+    from dit_trainer.sample.fid_batch import rank_chunks, write_fid_batch
+    from dit_trainer.sample.images import save_grid
+    from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, default_classes, sample_latents
+
+    check_args(args)
+    device = resolve_device(args.device, "--device")
+    keep_freed_memory_on(device)
+    reader = checkpoint.open(args.ckpt, flag="--ckpt")
+    sampling = prepare_sampling(args, reader, device)
+    model, cfg = sampling.model, sampling.cfg
     num_classes = model.num_classes
     labels = None
     if args.class_names:
         labels = resolve_labels(args.class_names, dataset_class_names(cfg, num_classes), num_classes)
     elif args.class_labels:
         labels = resolve_labels(args.class_labels, num_classes=num_classes)
-    # Load the VAE before minutes of sampling, so a missing one fails at once.
-    decoder = load_decoder(cfg, args.vae, device, args.vae_dtype)
-    if decoder[0] is None and model.in_channels not in (1, 3):
-        raise _no_vae_error(model.in_channels)
-    from dit_trainer.sample.compile import resolve_sample_compile
-
-    batches = (-(-args.num_samples // args.batch_size) if args.npz else 0) + (1 if args.out or not args.npz else 0)
+    load_vae(args, sampling)
+    grid = bool(args.out or not args.npz)
+    batches = (len(rank_chunks(args.num_samples, args.batch_size)) if args.npz else 0) + int(grid)
     compiled = resolve_sample_compile(args.compile, model, batches, args.steps, device)
-    common = dict(cfg_scale=args.cfg_scale, sampler=sampler, steps=args.steps, device=device,
-                  cfg_channels=args.cfg_channels, compile=compiled, **sampler_options(args, sampler))
     if args.npz:
-        path = sample_npz(model, objective, args.npz, args.num_samples, args.batch_size, labels=labels, decoder=decoder,
-                          seed=args.seed, progress=not args.no_progress, **common)
-        print(f"wrote {args.num_samples} samples to {path}")
-    if args.out or not args.npz:
+        write_fid_batch(args, reader, sampling, compiled, classes=labels)
+    if grid:
         if labels is None:
             labels = IMAGENET_DEMO_LABELS if num_classes == 1000 else default_classes(num_classes)
         per_class = args.per_class
         grid_labels = [c for c in labels for _ in range(per_class)]
-        samples = sample_latents(model, objective, grid_labels, seed=args.seed, progress=not args.no_progress, **common)
+        samples = sample_latents(model, sampling.objective, grid_labels, cfg_scale=args.cfg_scale, sampler=sampling.sampler,
+                                 steps=args.steps, seed=args.seed, device=device, cfg_channels=args.cfg_channels,
+                                 progress=not args.no_progress, compile=compiled, **sampling.options)
         nrow = args.nrow or (per_class if per_class > 1 else min(len(grid_labels), 8))
-        path = save_grid(to_images(samples, *decoder), args.out or "samples.png", nrow=nrow)
+        path = save_grid(to_images(samples, *sampling.decoder), args.out or "samples.png", nrow=nrow)
         print(f"wrote {len(grid_labels)} samples to {path}")
     return 0

@@ -1,38 +1,27 @@
 """A trained model and its config from a checkpoint folder, a run folder or a released weights file."""
 
-from pathlib import Path
-
-from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.errors import ConfigError
 from dit_trainer.config.model_file import is_model_file, load_model_file
 from dit_trainer.sample.decode import DEFAULT_VAE
 
 
-def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_ema=True):
+def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, weights="ema"):
     """(eval-mode model, Config) from a checkpoint dir with config.yaml, a run dir, or an original DiT file.
 
-    `model_name` is a registered name or a model config file (PaddleMIX DiT JSON, our YAML)."""
-    from dit_trainer.checkpoint import checkpoint_folder, load_into, load_weights
-    from dit_trainer.config import config_from_dict, load_config
+    `ckpt` is a path or a `checkpoint.open` reader; `weights` "ema" (what sampling uses) or "model"
+    (the training weights, from a sharded checkpoint's dcp/ too). `model_name` is a registered name or
+    a model config file (PaddleMIX DiT JSON, our YAML)."""
+    from dit_trainer import checkpoint
+    from dit_trainer.checkpoint import load_into
+    from dit_trainer.config import config_from_dict
     from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.models import get_spec
 
-    path = Path(ckpt)
-    if not path.exists():
-        raise CheckpointError(f"--ckpt {ckpt} does not exist; pass a checkpoint directory or a DiT .pt/.safetensors file")
-    if path.is_dir():
-        latest = checkpoint_folder(path)  # a run's output_dir gives its newest checkpoint
-        if latest is None:
-            if (path / "config.yaml").is_file():
-                # A run stopped before its first save (or a step folder that lost its weights).
-                raise CheckpointError(
-                    f"{ckpt} has a config.yaml but no checkpoint yet (no {path / 'checkpoints'}/step-* folder, no "
-                    f"model.safetensors); train it until it saves one (checkpoint.save_steps) or pass another run")
-            raise CheckpointError(f"{ckpt} holds no checkpoint; pass a checkpoint directory like "
-                                  f"OUTPUT_DIR/checkpoints/step-00001000 or a run's OUTPUT_DIR")
-        path = latest
+    reader = checkpoint.open(ckpt, flag="--ckpt")
+    path = reader.path
     from_file = bool(model_name) and is_model_file(model_name)
-    if path.is_dir():
-        cfg = anchor_vae(load_config(str(path / "config.yaml")), path)
+    if reader.folder is not None:
+        cfg = anchor_vae(reader.config(), path)
         if from_file:
             _check_same(cfg, model_name, path)
         elif model_name and get_spec(model_name).name != get_spec(cfg.model.name).name:
@@ -41,7 +30,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
         cfg = _from_model_file(model_name, image_size)
     else:
         if not model_name:
-            raise ConfigError(f"--ckpt {ckpt} is a weights file: pass --model (e.g. DiT-XL/2) and --image-size too")
+            raise ConfigError(f"--ckpt {path} is a weights file: pass --model (e.g. DiT-XL/2) and --image-size too")
         size = int(image_size or 256)
         if size % 8:
             raise ConfigError(f"--image-size {size} is not a multiple of 8 (the VAE's downsampling factor)")
@@ -52,7 +41,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, prefer_
             raise ConfigError(f"--model {model_name} --image-size {size}: {err}") from None
     spec = get_spec(cfg.model.name)
     model = spec.build_model_fn(cfg)
-    load_into(model, spec.from_released(load_weights(path, prefer_ema=prefer_ema)), path)
+    load_into(model, spec.from_released(reader.weights(weights)), path)
     return model.eval(), cfg
 
 

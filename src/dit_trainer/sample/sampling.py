@@ -6,17 +6,15 @@ objective's (DDPM/DDIM for diffusion, ODE/SDE for transport). The training-time 
 from here too, with what the trainer passes (EMA model, objective, classes), never the trainer.
 """
 
-import contextlib
 import copy
-import math
 
-import numpy as np
 import torch
 
 from dit_trainer.class_names import dataset_class_names, resolve_labels
 from dit_trainer.errors import ConfigError
+from dit_trainer.rng import seeded_global_rng
 from dit_trainer.sample.decode import load_decoder, to_images
-from dit_trainer.sample.images import save_grid, save_npz, to_uint8
+from dit_trainer.sample.images import save_grid
 
 # The classes facebookresearch/DiT's sample.py draws by default.
 IMAGENET_DEMO_LABELS = [207, 360, 387, 974, 88, 979, 417, 279]
@@ -26,18 +24,6 @@ def has_null_class(model) -> bool:
     """Whether the model learned the null label that classifier-free guidance needs."""
     table = getattr(getattr(model, "y_embedder", None), "embedding_table", None)
     return table is None or table.num_embeddings > model.num_classes
-
-
-@contextlib.contextmanager
-def _private_rng(seed: int, device: torch.device):
-    # The diffusion loops draw their per-step noise from the global RNG. Forking it gives them a
-    # seeded stream and hands the caller (the trainer's resumable RNG state) back untouched.
-    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
-        torch.random.default_generator.manual_seed(seed)
-        for index in cuda:
-            torch.cuda.default_generators[index].manual_seed(seed)
-        yield
 
 
 def as_objective(objective_or_cfg, model):
@@ -108,18 +94,16 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     generator = torch.Generator().manual_seed(int(seed))  # CPU: the same images on every device
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    interval = options.pop("guidance_interval", None)
-    if interval is not None and objective.name != "transport":
-        raise ConfigError(f"guidance_interval applies to transport (SiT) objectives, not {objective.name!r}; drop it")
-    if interval is None:  # the run's default (transport's `guidance_interval`), if it has one
-        interval = getattr(getattr(objective, "sampling", None), "guidance_interval", None)
+    interval = objective.guidance_interval(options.pop("guidance_interval", None))
     fn, kwargs, doubled = guided_model_fn(model, y.to(device), cfg_scale, cfg_channels, interval)
     if doubled:
         z = torch.cat([z, z])
     was_training = model.training
     model.eval()  # in train mode the label embedder would drop labels at random
     try:
-        with _private_rng(step_seed, device):
+        # The diffusion loops draw their per-step noise from the global RNG: a seeded fork gives them
+        # a stream of their own and hands the caller's (the trainer's resumable RNG state) back untouched.
+        with seeded_global_rng(step_seed, device):
             out = objective.sample(fn, z, sampler=sampler, steps=steps, model_kwargs=kwargs, progress=progress, **options)
     finally:
         model.train(was_training)
@@ -130,31 +114,6 @@ def default_classes(num_classes: int, count: int = 10) -> list:
     """Up to `count` class ids spread evenly over 0..num_classes-1."""
     k = max(1, min(count, num_classes))
     return sorted({round(i * (num_classes - 1) / (k - 1)) for i in range(k)}) if k > 1 else [0]
-
-
-def sample_npz(model, cfg, path, num_samples, batch_size, labels=None, decoder=(None, None, None), seed=0, **kwargs):
-    """ADM-style FID batch at `path`: arr_0 uint8 N×H×W×3, arr_1 int64 labels (uniform unless `labels`)."""
-    if num_samples < 1 or batch_size < 1:
-        raise ConfigError(f"--num-samples {num_samples} and --batch-size {batch_size} must be positive")
-    generator = torch.Generator().manual_seed(int(seed))
-    if labels:
-        y_all = torch.tensor(list(labels), dtype=torch.long).repeat(math.ceil(num_samples / len(labels)))[:num_samples]
-    else:
-        y_all = torch.randint(0, model.num_classes, (num_samples,), generator=generator)
-    from tqdm.auto import tqdm
-
-    arr = None
-    starts = range(0, num_samples, batch_size)
-    for start in tqdm(starts, desc="sample", disable=not kwargs.pop("progress", False), dynamic_ncols=True):
-        y = y_all[start:start + batch_size]
-        batch_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        images = to_uint8(to_images(sample_latents(model, cfg, y, seed=batch_seed, **kwargs), *decoder))
-        if images.shape[-1] == 1:
-            images = np.repeat(images, 3, axis=-1)  # FID evaluators expect RGB
-        if arr is None:
-            arr = np.empty((num_samples, *images.shape[1:]), dtype=np.uint8)
-        arr[start:start + len(y)] = images
-    return save_npz(path, arr, y_all.numpy())
 
 
 def sample_grid(model, objective, cfg, path, device="cpu", classes=None, per_class=None, steps=None, cfg_scale=None):

@@ -1,7 +1,7 @@
 """`dit train --config X.yaml [--section.field value ...]`.
 
 Every config key is an option of its section's group, so `dit train --help` lists them all with
-type, default and meaning (read from the config dataclasses: see `config_doc`). Values stay
+type, default and meaning (read from the config dataclasses: see `config.doc`). Values stay
 strings here; `load_config` types and checks them after the YAML, in command-line order.
 """
 

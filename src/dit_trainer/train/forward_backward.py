@@ -12,7 +12,7 @@ import torch
 from torch._functorch import config as functorch_config
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
+from dit_trainer.parallel.pipeline_parallel import TargetPacking, pipeline_step
 
 
 class ForwardBackward:

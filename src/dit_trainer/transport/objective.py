@@ -91,6 +91,14 @@ class TransportObjective(Objective):
 
     # -- sampling ---------------------------------------------------------------------------------
 
+    def sampler_option_names(self, sampler) -> tuple:
+        """The ODE solver's settings for ode; the SDE integrator's and its generator for sde."""
+        return {"ode": _ODE_OPTIONS, "sde": _SDE_OPTIONS}[self.check_sampler(sampler)]
+
+    def guidance_interval(self, requested=None, flag="guidance_interval"):
+        """`requested`, else the `transport:` section's `guidance_interval` (None: guide every step)."""
+        return requested if requested is not None else self.sampling.guidance_interval
+
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """The sample (x at t = 1) from noise z by the probability-flow ODE or the SDE.
 
@@ -98,15 +106,9 @@ class TransportObjective(Objective):
         sde_diffusion_norm, sde_last_step, sde_last_step_size, generator (SDE noise). Unset
         options and `steps` take the `transport:` section's sampling defaults.
         """
-        sampler = sampler or self.default_sampler
+        sampler = self.check_sampler(sampler)
         s = self.sampling
-        allowed = _ODE_OPTIONS if sampler == "ode" else _SDE_OPTIONS if sampler == "sde" else None
-        if allowed is None:
-            raise ConfigError(f"sampler {sampler!r} is not one of ode, sde (objective transport)")
-        unknown = sorted(k for k in options if k not in allowed)
-        if unknown:
-            raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
-                              f"it takes {', '.join(allowed)}")
+        self.check_options(sampler, options)
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 2):
             raise ConfigError(f"--steps {steps!r} must be an integer of at least 2")
         kwargs = dict(model_kwargs or {})

@@ -5,7 +5,7 @@ import torch.nn as nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from dit_trainer.parallel.parallelize import parallelize_units
-from dit_trainer.parallel.pipeline import build_pipeline, prune_to_stage
+from dit_trainer.parallel.pipeline_parallel import build_pipeline, prune_to_stage
 from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides, regroup_fused_rows
 
 # Column-wise in, row-wise out: one all-reduce per attention and per MLP. Embedders, adaLN

@@ -18,7 +18,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from dit_trainer.parallel.parallelize import parallelize_units
-from dit_trainer.parallel.pipeline import build_pipeline, prune_to_stage
+from dit_trainer.parallel.pipeline_parallel import build_pipeline, prune_to_stage
 from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides
 
 # Only the first pipeline stage embeds, only the last one runs the final layer.

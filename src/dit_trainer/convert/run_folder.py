@@ -11,23 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from dit_trainer.convert.bundle import Bundle
+from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.config.model_file import is_model_file, load_model_file
-
-
-def checkpoint_dir(src) -> Path:
-    """The checkpoint folder of `src`: itself, or a run folder's newest checkpoint."""
-    from dit_trainer.checkpoint import checkpoint_folder
-
-    path = Path(src)
-    if not path.is_dir():
-        raise CheckpointError(f"{src} is not a folder; --from ours takes a run folder or a checkpoint folder")
-    latest = checkpoint_folder(path)
-    if latest is None:
-        raise CheckpointError(f"{src} holds neither ema.safetensors nor checkpoints/step-*; pass a run or checkpoint folder")
-    return latest
 
 
 def read_config(path) -> tuple:
@@ -57,16 +44,19 @@ def read(src, model=None, vae=None) -> Bundle:
     """A Bundle from our run or checkpoint folder (EMA weights)."""
     from dit_trainer.class_names import dataset_class_names
     from dit_trainer.sample import vae_source
+    from dit_trainer import checkpoint
     from dit_trainer.sample.decode import anchor_vae
-    from dit_trainer.checkpoint import load_weights
 
-    path = checkpoint_dir(src)
-    cfg, convention = read_config(path / "config.yaml")
+    if not Path(src).is_dir():
+        raise CheckpointError(f"{src} is not a folder; --from ours takes a run folder or a checkpoint folder")
+    reader = checkpoint.open(src, flag="--from ours")
+    path = reader.folder
+    cfg, convention = read_config(reader.config_file)
     anchor_vae(cfg, path)
     from_file = model and is_model_file(model)
     if model and not from_file and model.lower() != cfg.model.name.lower():
         raise ConfigError(f"--model {model} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
-    sd = load_weights(path, prefer_ema=True)
+    sd = reader.weights("ema")
     if from_file:  # the run records its model; a model file given too must describe these tensors
         check_fits(sd, load_model_file(model), model)
     mcfg = model_dict(cfg, convention)
