@@ -51,7 +51,7 @@ class ShardedEMA:
         if not ema:
             return
         if skip is not None:
-            # Decided on the device (train.host_sync log): ema + w (param - ema), w = 0 when skipped.
+            # Decided on the device (a step masked there, flags read late): ema + w (param - ema), w = 0 when skipped.
             weight = (1.0 - decay) * (1.0 - skip.float())
             torch.ops.aten._foreach_lerp_.List(ema, params, [weight] * len(ema))
             return

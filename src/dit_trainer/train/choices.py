@@ -28,7 +28,7 @@ def fused_adamw(device: torch.device, params, sharded: bool):
 
     On one process the fused kernel always runs: on CPU the default per-parameter loop costs as
     much as a DiT-S step's backward. On CUDA it also runs on DDP's plain and FSDP's DTensor
-    parameters (what torchtitan does), and it is what lets `train.host_sync log` mask a bad
+    parameters (what torchtitan does), and it is what lets the trainer mask a bad
     step on the device. A mix of DTensor and plain parameters (TP leaves the embedders whole)
     fits no multi-tensor kernel; gloo layouts on CPU keep the default, which they were tested with.
     The choice depends on the layout only, so every rank's optimizer state has one form.
