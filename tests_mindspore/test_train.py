@@ -125,11 +125,11 @@ def test_same_seed_runs_equal_and_ckpt_resume_is_exact(latents, tmp_path):
         np.testing.assert_array_equal(pc.asnumpy(), pa.asnumpy())
 
 
-def test_dit_trainer_backend_mindspore_returns_float_loss():
-    from dit_trainer import DiTTrainer
+def test_build_trainer_backend_mindspore_returns_float_loss():
+    from dit_trainer import build_trainer
 
-    trainer = DiTTrainer({**engine_config(MICRO), "model_name": "DiT-S/2", "batch_size": 2})
-    assert type(trainer._engine).__name__ == "MindSporeTrainer"
+    trainer = build_trainer({**engine_config(MICRO), "model_name": "DiT-S/2", "batch_size": 2})
+    assert type(trainer).__name__ == "MindSporeTrainer" and trainer.is_main
     rng = np.random.default_rng(0)
     batch = (torch.from_numpy(rng.standard_normal((2, 4, 4, 4)).astype(np.float32)), torch.tensor([1, 3]))
     out = trainer.train_step(batch)
