@@ -85,12 +85,15 @@ def test_model_vs_data_latent_shape(tmp_path):
     with pytest.raises(ConfigError, match="model.in_channels is 4 but .* holds 3-channel latents") as err:
         DiTTrainer(tiny_config(tmp_path / "run", data={"path": str(data)}))
     assert "\n" not in str(err.value)
-    # A dataset handed in directly is checked when the first batch arrives.
+    # A dataset handed in directly decides the shape too, and is checked against the config alike.
     from dit_trainer.data.latents import NpyLatentFolder
 
-    trainer = DiTTrainer(tiny_config(tmp_path / "run2"), dataset=NpyLatentFolder(str(data), num_classes=10))
-    with pytest.raises(DataError, match="3x8x8 latents but the model takes 4x8x8"):
-        trainer.train()
+    with pytest.raises(ConfigError, match="model.in_channels is 4 but the NpyLatentFolder given to the trainer holds 3-ch"):
+        DiTTrainer(tiny_config(tmp_path / "run2"), dataset=NpyLatentFolder(str(data), num_classes=10))
+    config = tiny_config(tmp_path / "run3")
+    del config["model"]["in_channels"]
+    trainer = DiTTrainer(config, dataset=NpyLatentFolder(str(data), num_classes=10))
+    assert trainer.sample_shape == (3, 8, 8)
 
 
 def test_extract_listing_survives_symlink_loops(tmp_path):

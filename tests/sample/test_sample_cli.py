@@ -9,7 +9,7 @@ from PIL import Image
 
 from dit_trainer import sample as S
 from dit_trainer.cli import main
-from dit_trainer.config import Config
+from dit_trainer.config import Config, set_key
 from dit_trainer.errors import ConfigError
 from dit_trainer.host_memory import glibc_malloc
 from dit_trainer.models import get_spec
@@ -22,7 +22,7 @@ TINY = {"name": "DiT-S/4", "input_size": 8, "num_classes": 10, "depth": 2, "hidd
 def tiny_cfg(in_channels=1, data_path="digits", vae=None):
     cfg = Config()
     for key, value in TINY.items():
-        setattr(cfg.model, key, value)
+        set_key(cfg, f"model.{key}", value)
     cfg.model.in_channels = in_channels
     cfg.data.path, cfg.data.vae = data_path, vae
     cfg.data.digits_size = 8  # the data decides the model's shape: match the tiny model's input

@@ -38,6 +38,8 @@ def _source(cfg, dataset) -> str:
     import os
 
     path = cfg.data.path
+    if path is None:
+        return f"the {type(dataset).__name__} given to the trainer"
     if getattr(dataset, "manifest", None) is not None:
         return os.path.join(path, "manifest.json")
     return f"data.path {path}"
