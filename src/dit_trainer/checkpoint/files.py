@@ -338,20 +338,24 @@ def _finite(sd: dict, source) -> dict:
     return sd
 
 
+def mismatch(want: dict, state_dict: dict, model: str = "the model") -> str:
+    """How `state_dict` differs from the shapes `want` ({name: shape}) of `model`, in one line
+    (the first tensor of another shape, then up to three missing and unexpected names); "" if it fits."""
+    wrong = [k for k in want if k in state_dict and tuple(state_dict[k].shape) != tuple(want[k])]
+    missing = [k for k in want if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in want]
+    parts = [f"{wrong[0]} is {tuple(state_dict[wrong[0]].shape)} but {model} has {tuple(want[wrong[0]])}"] if wrong else []
+    if missing:
+        parts.append(f"missing {', '.join(missing[:3])}")
+    if unexpected:
+        parts.append(f"unexpected {', '.join(unexpected[:3])}")
+    return "; ".join(parts)
+
+
 def load_into(model: torch.nn.Module, state_dict: dict, source) -> None:
     """load_state_dict(strict=True) with a one-line error naming the source and the mismatch."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    wrong = [k for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or wrong:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing[:3]}")
-        if unexpected:
-            parts.append(f"unexpected {unexpected[:3]}")
-        if wrong:
-            k = wrong[0]
-            parts.append(f"shape of {k} is {tuple(state_dict[k].shape)} but the model has {tuple(own[k].shape)}")
-        raise CheckpointError(f"{source} does not fit this model ({'; '.join(parts)}); check model.name, input_size, num_classes and learn_sigma")
+    problem = mismatch({k: v.shape for k, v in model.state_dict().items()}, state_dict)
+    if problem:
+        raise CheckpointError(f"{source} does not fit this model ({problem}); check model.name, input_size, "
+                              "num_classes and learn_sigma")
     model.load_state_dict(state_dict, strict=True)

@@ -86,19 +86,11 @@ def expected_shapes(cfg: dict) -> dict:
 
 def check_fits(sd: dict, cfg: dict, source) -> None:
     """Refuse a state dict that does not fit `cfg`, naming the first differing keys and the size the tensors fit."""
-    want = expected_shapes(cfg)
-    missing = [k for k in want if k not in sd]
-    unexpected = [k for k in sd if k not in want]
-    wrong = [k for k in want if k in sd and tuple(sd[k].shape) != want[k]]
-    if not (missing or unexpected or wrong):
+    from dit_trainer.checkpoint.files import mismatch
+
+    problem = mismatch(expected_shapes(cfg), sd, cfg["name"])
+    if not problem:
         return
-    parts = []
-    if wrong:
-        parts.append(f"{wrong[0]} is {tuple(sd[wrong[0]].shape)} but {cfg['name']} has {want[wrong[0]]}")
-    if missing:
-        parts.append(f"missing {', '.join(missing[:3])}")
-    if unexpected:
-        parts.append(f"unexpected {', '.join(unexpected[:3])}")
     try:
         fit = tensor_shape(sd, source)
         size = release_size(fit["depth"], fit["hidden_size"])
@@ -107,7 +99,7 @@ def check_fits(sd: dict, cfg: dict, source) -> None:
                 f"input_size {fit['input_size']}, num_classes {fit['num_classes']})")
     except Exception:
         hint = ""
-    raise CheckpointError(f"{source} does not fit {cfg['name']} ({'; '.join(parts)}){hint}")
+    raise CheckpointError(f"{source} does not fit {cfg['name']} ({problem}){hint}")
 
 
 def fixed_pos_embed(cfg: dict):

@@ -118,3 +118,22 @@ def get_2d_sincos_pos_embed(embed_dim, grid_size):
     emb_h = _sincos_1d(embed_dim // 2, grid[0])
     emb_w = _sincos_1d(embed_dim // 2, grid[1])
     return np.concatenate([emb_h, emb_w], axis=1)
+
+
+def unpatchify(x, patch_size: int, channels: int):
+    """(B, N, p*p*C) tokens, features ordered (p, p, C), back to (B, C, H, W) images."""
+    p, c = patch_size, channels
+    h = w = int(x.shape[1] ** 0.5)
+    x = x.reshape(x.shape[0], h, w, p, p, c)
+    x = torch.einsum("nhwpqc->nchpwq", x)
+    return x.reshape(x.shape[0], c, h * p, w * p)
+
+
+def set_io(model, input_size: int, patch_size: int, in_channels: int, num_classes: int, learn_sigma: bool) -> None:
+    """The attributes every family's model exposes to the trainer, sampling and the converters (its
+    input's side and channels, the classes, whether a variance half follows the prediction)."""
+    if input_size % patch_size:
+        raise ValueError(f"input_size {input_size} is not divisible by patch_size {patch_size}")
+    model.input_size, model.patch_size, model.in_channels = input_size, patch_size, in_channels
+    model.num_classes, model.learn_sigma = num_classes, learn_sigma
+    model.out_channels = in_channels * 2 if learn_sigma else in_channels

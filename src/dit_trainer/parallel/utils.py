@@ -18,6 +18,11 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if is_dtensor(t) else t
 
 
+def module_list(container) -> list:
+    """The repeated units a model holds in a ModuleList, or a pipeline stage in a ModuleDict by index."""
+    return list(container.values()) if isinstance(container, torch.nn.ModuleDict) else list(container)
+
+
 def full(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor on every rank (a collective for DTensors)."""
     return t.full_tensor() if is_dtensor(t) else t

@@ -12,7 +12,8 @@ import torch.nn as nn
 
 from dit_trainer.models.dit.sizes import PATCHES
 from dit_trainer.models.dit.sizes import SIZES as _SIZES
-from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, timestep_embedding
+from dit_trainer.models.guidance import guided_forward
+from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, set_io, timestep_embedding, unpatchify
 
 
 def modulate(x, shift, scale):
@@ -115,15 +116,8 @@ class DiT(nn.Module):
         mlp_norm_eps=1e-6,
     ):
         super().__init__()
-        if input_size % patch_size:
-            raise ValueError(f"input_size {input_size} is not divisible by patch_size {patch_size}")
-        self.learn_sigma = learn_sigma
-        self.in_channels = in_channels
-        self.out_channels = in_channels * 2 if learn_sigma else in_channels
-        self.patch_size = patch_size
+        set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
         self.num_heads = num_heads
-        self.num_classes = num_classes
-        self.input_size = input_size
 
         self.x_embedder = PatchEmbed(input_size, patch_size, in_channels, hidden_size, bias=True)
         # diffusers' port: timestep_freq_shift=1, mlp_norm_eps=1e-5 (the release: 0 and 1e-6).
@@ -169,13 +163,8 @@ class DiT(nn.Module):
 
     def unpatchify(self, x):
         """(B, N, p*p*C) tokens back to (B, C, H, W) images."""
-        c = self.out_channels
         # self.patch_size, not the embedder's: a later pipeline stage holds no embedder.
-        p = self.patch_size
-        h = w = int(x.shape[1] ** 0.5)
-        x = x.reshape(x.shape[0], h, w, p, p, c)
-        x = torch.einsum("nhwpqc->nchpwq", x)
-        return x.reshape(x.shape[0], c, h * p, w * p)
+        return unpatchify(x, self.patch_size, self.out_channels)
 
     def embed(self, x, t, y, force_drop_ids=None):
         """Input stage: patch tokens with positions, and the conditioning vector c = t + y."""
@@ -205,15 +194,7 @@ class DiT(nn.Module):
         channels (`in_channels`). The original release guided only the first three (`cfg_channels=3`),
         which its published FIDs used.
         """
-        half = x[: len(x) // 2]
-        combined = torch.cat([half, half], dim=0)
-        model_out = self.forward(combined, t, y)
-        n = self.in_channels if cfg_channels is None else cfg_channels
-        eps, rest = model_out[:, :n], model_out[:, n:]
-        cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
-        half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
-        eps = torch.cat([half_eps, half_eps], dim=0)
-        return torch.cat([eps, rest], dim=1)
+        return guided_forward(self.forward, x, t, y, cfg_scale, self.in_channels if cfg_channels is None else cfg_channels)
 
 
 def _constructor(cls, prefix, size, patch):

@@ -7,6 +7,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from dit_trainer.parallel.parallelize import parallelize_units
 from dit_trainer.parallel.pipeline_parallel import build_pipeline, prune_to_stage
 from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides, regroup_fused_rows
+from dit_trainer.parallel.utils import module_list
 
 # Column-wise in, row-wise out: one all-reduce per attention and per MLP. Embedders, adaLN
 # modulation and the final layer stay replicated: they act on the (B, D) conditioning vector or
@@ -23,9 +24,8 @@ LAST_STAGE_ONLY = ("final_layer",)
 
 
 def units(model: nn.Module) -> list:
-    """The repeated blocks of a full model or of a pipeline stage (a ModuleDict by index)."""
-    blocks = model.blocks
-    return list(blocks.values()) if isinstance(blocks, nn.ModuleDict) else list(blocks)
+    """The repeated blocks of a full model or of a pipeline stage."""
+    return module_list(model.blocks)
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:

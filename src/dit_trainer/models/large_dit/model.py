@@ -12,6 +12,8 @@ import torch.nn as nn
 
 from dit_trainer.models.dit.model import LabelEmbedder
 from dit_trainer.models.dit.model import TimestepEmbedder as _DiTTimestepEmbedder
+from dit_trainer.models.guidance import guided_forward
+from dit_trainer.models.layers import set_io, unpatchify
 from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
 from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, cond_dim
 from dit_trainer.models.large_dit.sizes import SIZES
@@ -48,14 +50,7 @@ class DiT_Llama(nn.Module):
         qk_norm=False,
     ):
         super().__init__()
-        if input_size % patch_size:
-            raise ValueError(f"input_size {input_size} is not divisible by patch_size {patch_size}")
-        self.learn_sigma = learn_sigma
-        self.in_channels = in_channels
-        self.out_channels = in_channels * 2 if learn_sigma else in_channels
-        self.input_size = input_size
-        self.patch_size = patch_size
-        self.num_classes = num_classes
+        set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
         self.dim, self.n_heads = dim, n_heads
         self.num_heads = n_heads  # the name DiT uses, for code that reads either family
         n_tokens = (input_size // patch_size) ** 2
@@ -119,11 +114,7 @@ class DiT_Llama(nn.Module):
 
     def unpatchify(self, x):
         """(B, T, p·p·C_out) -> (B, C_out, H, W); output features are (p, p, C) ordered."""
-        c, p = self.out_channels, self.patch_size
-        h = w = int(x.shape[1] ** 0.5)
-        x = x.reshape(x.shape[0], h, w, p, p, c)
-        x = torch.einsum("nhwpqc->nchpwq", x)
-        return x.reshape(x.shape[0], c, h * p, w * p)
+        return unpatchify(x, self.patch_size, self.out_channels)
 
     def embed(self, x, t, y, force_drop_ids=None):
         """Input stage: patch tokens and the conditioning vector c = t_emb + y_emb."""
@@ -152,13 +143,7 @@ class DiT_Llama(nn.Module):
         predicted-noise channel (`in_channels`); the release guided the first three
         (`cfg_channels=3`), copied from DiT. The other channels (learned σ) pass through unguided.
         """
-        half = x[: len(x) // 2]
-        out = self.forward(torch.cat([half, half], dim=0), t, y)
-        n = self.in_channels if cfg_channels is None else cfg_channels
-        eps, rest = out[:, :n], out[:, n:]
-        cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
-        half_eps = uncond_eps + cfg_scale * (cond_eps - uncond_eps)
-        return torch.cat([torch.cat([half_eps, half_eps], dim=0), rest], dim=1)
+        return guided_forward(self.forward, x, t, y, cfg_scale, self.in_channels if cfg_channels is None else cfg_channels)
 
 
 def _constructor(size, patch=2):

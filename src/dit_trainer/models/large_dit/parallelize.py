@@ -20,6 +20,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from dit_trainer.parallel.parallelize import parallelize_units
 from dit_trainer.parallel.pipeline_parallel import build_pipeline, prune_to_stage
 from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides
+from dit_trainer.parallel.utils import module_list
 
 # Only the first pipeline stage embeds, only the last one runs the final layer.
 FIRST_STAGE_ONLY = ("x_embedder", "t_embedder", "y_embedder")
@@ -56,9 +57,8 @@ def tp_plan(qk_norm: bool) -> dict:
 
 
 def units(model: nn.Module) -> list:
-    """The repeated layers of a full model or of a pipeline stage (a ModuleDict by index)."""
-    layers = model.layers
-    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+    """The repeated layers of a full model or of a pipeline stage."""
+    return module_list(model.layers)
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
