@@ -42,3 +42,14 @@ def offline_hub(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", unreachable)
     return probes
+
+
+@pytest.fixture(autouse=True)
+def no_inception_download(monkeypatch, tmp_path_factory):
+    """No test reaches the FID Inception's release URL or a real hub cache: the URL names a missing local
+    file and TORCH_HOME an empty folder; tests of the fetch point both elsewhere."""
+    from dit_trainer.evaluate import inception_weights
+
+    home = tmp_path_factory.getbasetemp() / "torch_home"
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    monkeypatch.setattr(inception_weights, "INCEPTION_WEIGHTS_URL", (home / "missing" / "weights.pth").as_uri())

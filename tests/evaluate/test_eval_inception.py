@@ -51,7 +51,7 @@ def test_missing_weights_name_the_file_and_where_it_is_published(tmp_path):
         load_inception(tmp_path / "nope.pth")
     assert "nope.pth" in str(err.value) and INCEPTION_WEIGHTS_URL in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(DitError, match="--weights"):
-        load_inception(None)
+        load_inception(None, progress=False)  # offline here (see tests/conftest.py)
     (tmp_path / "junk.pth").write_bytes(b"junk")
     with pytest.raises(CheckpointError, match="cannot read weights"):
         load_inception(tmp_path / "junk.pth")

@@ -21,12 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from dit_trainer.errors import CheckpointError, DitError
+from dit_trainer.evaluate.inception_weights import (INCEPTION_WEIGHTS_FILE, INCEPTION_WEIGHTS_URL,
+                                                    fetch_inception_weights)
 from dit_trainer.evaluate.resize import resize_bilinear_tf1
 
-INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
-INCEPTION_WEIGHTS_URL = (
-    "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + INCEPTION_WEIGHTS_FILE
-)
 INPUT_SIZE = 299
 SPATIAL_CHANNELS = 7  # the ADM evaluator keeps mixed_6/conv[..., :7]
 
@@ -245,14 +243,16 @@ def load_state_dict_checked(model: nn.Module, path, state: dict) -> None:
     model.load_state_dict(given, strict=False)
 
 
-def load_inception(weights, device="cpu") -> FIDInceptionV3:
-    """The FID Inception with weights from a local file (torch-fidelity's or pytorch-fid's .pth, or .safetensors)."""
-    where = f"download {INCEPTION_WEIGHTS_FILE} from {INCEPTION_WEIGHTS_URL}"
+def load_inception(weights=None, device="cpu", progress: bool = True) -> FIDInceptionV3:
+    """The FID Inception with weights from a local file (torch-fidelity's or pytorch-fid's .pth, or .safetensors),
+    or, without one, torch-fidelity's file fetched into torch's hub cache on first use."""
     if weights is None:
-        raise DitError(f"the Inception network needs its weights: {where} and pass --weights FILE")
-    path = Path(os.path.expanduser(os.fspath(weights)))
-    if not path.is_file():
-        raise DitError(f"Inception weights {path} not found; {where}")
+        path = fetch_inception_weights(progress=progress)
+    else:
+        path = Path(os.path.expanduser(os.fspath(weights)))
+        if not path.is_file():
+            raise DitError(f"Inception weights {path} not found; download {INCEPTION_WEIGHTS_FILE} from "
+                           f"{INCEPTION_WEIGHTS_URL}, or leave out --weights to fetch it into torch's hub cache")
     model = FIDInceptionV3()
     load_state_dict_checked(model, path, _read_state_dict(path))
     return model.to(device).eval().requires_grad_(False)
