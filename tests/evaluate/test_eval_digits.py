@@ -94,18 +94,23 @@ def test_dit_eval_reference_from_an_image_folder(tmp_path, capsys):
 
 
 def test_dit_eval_errors_are_one_line(tmp_path, capsys):
-    np.savez(tmp_path / "s.npz", arr_0=np.zeros((4, 16, 16, 3), np.uint8))
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((3, 16, 16, 3), np.uint8))
     assert main(["eval", "--samples", str(tmp_path / "s.npz")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dit eval: error:") and "--ref" in err and "\n" not in err
+    # Precision/recall with k = 3 need 4 samples; 10 equal IS splits need 10.
     assert main(["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"), "--ref", "digits",
                  "--device", "cpu", "--no-progress"]) == 2
-    assert "holds 4 images" in capsys.readouterr().err
+    assert "holds 3 images" in capsys.readouterr().err
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((8, 16, 16, 3), np.uint8))
+    assert main(["eval", "--network", "digits", "--samples", str(tmp_path / "s.npz"), "--ref", "digits",
+                 "--device", "cpu", "--no-progress", "--is-splits", "10"]) == 2
+    assert "IS over 10 splits" in capsys.readouterr().err
     np.savez(tmp_path / "s.npz", arr_0=np.zeros((12, 16, 16, 3), np.uint8))
-    # Inception without a weights file: says which file and where it is published.
+    # Inception without a weights file, offline (see tests/conftest.py): what to download, or --weights.
     assert main(["eval", "--samples", str(tmp_path / "s.npz"), "--ref", str(tmp_path / "s.npz")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "weights-inception-2015-12-05-6726825d.pth" in err and "https://" in err and "\n" not in err
+    assert "cannot download" in err and "--weights FILE" in err and "\n" not in err
     # Statistics measured by another network are refused before anything is computed.
     np.savez(tmp_path / "r.npz", mu=np.zeros(3), sigma=np.eye(3), mu_s=np.zeros(3), sigma_s=np.eye(3),
              network=np.asarray("inception"))

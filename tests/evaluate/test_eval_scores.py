@@ -22,8 +22,8 @@ def test_inception_score_of_confident_but_one_class_is_one():
     probs = np.zeros((100, 5))
     probs[:, 2] = 1.0
     assert inception_score_from_probs(probs)[0] == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="N >= 10"):
-        inception_score_from_probs(probs[:5])
+    with pytest.raises(ValueError, match="at least 10 samples"):
+        inception_score_from_probs(probs[:5], splits=10)
 
 
 def _two_clusters(seed=0):
@@ -55,7 +55,9 @@ def test_radii_are_kth_neighbour_and_batching_does_not_change_results():
     f = rng.normal(size=(57, 5)).astype(np.float32)
     d = ((f[:, None] - f[None]) ** 2).sum(-1)
     expected = np.sort(d, axis=1)[:, 3]  # index 0 is the point itself
-    np.testing.assert_allclose(manifold_radii(f, k=3), expected, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(manifold_radii(f, k=3, batch_size=8), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(manifold_radii(f, k=3, dtype="fp32"), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(manifold_radii(f, k=3, batch_size=8, dtype="fp32"), expected, rtol=1e-4, atol=1e-5)
+    # ADM's float16 distances: within float16's rounding of these sizes.
+    np.testing.assert_allclose(manifold_radii(f, k=3), expected, rtol=3e-3, atol=3e-2)
     g = rng.normal(size=(41, 5)) + 0.7
     assert precision_recall(f, g, batch_size=6) == precision_recall(f, g)

@@ -9,9 +9,9 @@ import torch
 from dit_trainer.errors import ConfigError, DataError
 from dit_trainer.evaluate.features import extract_features
 from dit_trainer.evaluate.fid import frechet_distance
-from dit_trainer.evaluate.inception_score import inception_score
+from dit_trainer.evaluate.inception_score import ADM_SPLIT_SIZE, inception_score
 from dit_trainer.evaluate.npz import IMAGES_KEY, NpzImages, npz_keys
-from dit_trainer.evaluate.precision_recall import precision_recall
+from dit_trainer.evaluate.precision_recall import DISTANCE_DTYPES, precision_recall
 from dit_trainer.evaluate.stats import ReferenceStats
 
 NETWORKS = ("inception", "digits")
@@ -27,12 +27,12 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_network(name: str = "inception", weights=None, device="cpu"):
-    """The feature network by name: "inception" (weights from a local file) or "digits" (shipped)."""
+def load_network(name: str = "inception", weights=None, device="cpu", progress=True):
+    """The feature network by name: "inception" (a local weight file, else fetched once) or "digits" (shipped)."""
     if name == "inception":
         from dit_trainer.evaluate.inception import load_inception
 
-        return load_inception(weights, device)
+        return load_inception(weights, device, progress)
     if name == "digits":
         from dit_trainer.evaluate.digits_net import load_digit_net
 
@@ -75,23 +75,31 @@ def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=
 
 
 def evaluate(samples, ref, network="inception", weights=None, batch_size=None, dtype="fp32", device=None,
-             progress=True, splits=10, k=3) -> dict:
-    """All five metrics of a samples .npz against a reference; returns a dict of plain values."""
+             progress=True, is_splits=None, is_split_size=ADM_SPLIT_SIZE, pr_dtype="fp16", k=3) -> dict:
+    """All five metrics of a samples .npz against a reference; returns a dict of plain values.
+
+    IS over parts of `is_split_size` samples as the ADM evaluator, or `is_splits` equal parts as
+    torch-fidelity; precision/recall distances in `pr_dtype` (fp16: ADM's; fp32)."""
     device = device or default_device()
     if str(ref) == DIGITS_REF and (network if isinstance(network, str) else network.name) != "digits":
         # Before loading the network: the Inception one would first ask for its weight file.
         raise ConfigError("--ref digits is measured with the digit network; add --network digits")
-    net = load_network(network, weights, device) if isinstance(network, str) else network
-    batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
+    if pr_dtype not in DISTANCE_DTYPES:
+        raise ConfigError(f"--pr-dtype {pr_dtype!r} is not one of {', '.join(DISTANCE_DTYPES)}")
+    if is_splits is not None and (isinstance(is_splits, bool) or not isinstance(is_splits, int) or is_splits < 1):
+        raise ConfigError(f"--is-splits must be a positive integer, got {is_splits!r}")
     count = len(NpzImages(samples))  # reads the header only: a bad file fails before any measuring
-    if count < max(splits, k + 1):
-        raise DataError(f"{samples} holds {count} images; IS over {splits} splits and precision/recall "
-                        f"with k={k} need at least {max(splits, k + 1)}")
+    need = max(is_splits or 1, k + 1)
+    if count < need:
+        splits = f"IS over {is_splits} splits and " if is_splits else ""
+        raise DataError(f"{samples} holds {count} images; {splits}precision/recall with k={k} need at least {need}")
+    net = load_network(network, weights, device, progress) if isinstance(network, str) else network
+    batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     t0 = time.perf_counter()
     ref_stats = reference(ref, net, batch_size, dtype, device, progress)
     feats = measure_npz(samples, net, batch_size, dtype, device, progress, desc=f"samples {Path(samples).name}")
     sam = ReferenceStats.from_features(feats, network=net.name)
-    is_mean, is_std = inception_score(feats.logits, splits)
+    is_mean, is_std = inception_score(feats.logits, is_splits, is_split_size)
     result = {
         "inception_score": is_mean,
         "inception_score_std": is_std,
@@ -101,11 +109,13 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
         "recall": None,
     }
     if ref_stats.features is not None:
-        result["precision"], result["recall"] = precision_recall(ref_stats.features, feats.pool, k=k, device=device)
+        result["precision"], result["recall"] = precision_recall(ref_stats.features, feats.pool, k=k,
+                                                                 device=device, dtype=pr_dtype)
     result.update({
         "num_samples": len(feats),
         "num_reference_features": None if ref_stats.features is None else len(ref_stats.features),
         "network": net.name, "dtype": dtype, "samples": str(samples), "ref": str(ref),
+        "is_splits": is_splits, "is_split_size": None if is_splits else is_split_size, "pr_dtype": pr_dtype,
         "seconds": round(time.perf_counter() - t0, 1),
     })
     return result
@@ -162,7 +172,7 @@ def reference_from_images(folder, out, network="inception", weights=None, image_
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise ConfigError(f"image size must be an integer >= 8, got {image_size!r}")
     device = device or default_device()
-    net = load_network(network, weights, device) if isinstance(network, str) else network
+    net = load_network(network, weights, device, progress) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     paths = list_image_folder(folder)[0]
     if len(paths) < 2:
