@@ -53,3 +53,30 @@ def no_inception_download(monkeypatch, tmp_path_factory):
     home = tmp_path_factory.getbasetemp() / "torch_home"
     monkeypatch.setenv("TORCH_HOME", str(home))
     monkeypatch.setattr(inception_weights, "INCEPTION_WEIGHTS_URL", (home / "missing" / "weights.pth").as_uri())
+
+
+@pytest.fixture(scope="session")
+def tiny_latent_shards(tmp_path_factory):
+    """(shard folder from `dit extract` of 9 random 16 px images in 2 classes, the tiny random VAE folder that
+    encoded them)."""
+    pytest.importorskip("diffusers")
+    import numpy as np
+    import torch
+    from diffusers import AutoencoderKL
+    from PIL import Image
+
+    from dit_trainer.cli import main
+
+    root = tmp_path_factory.mktemp("latent_shards")
+    torch.manual_seed(0)
+    AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                  up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                  norm_num_groups=8, sample_size=16).save_pretrained(root / "vae")
+    rng = np.random.default_rng(0)
+    for i in range(9):
+        (root / "images" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        image = Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8))
+        image.save(root / "images" / f"c{i % 2}" / f"{i}.png")
+    assert main(["extract", "--data-path", str(root / "images"), "--vae", str(root / "vae"), "--image-size", "16",
+                 "--out", str(root / "shards"), "--batch-size", "4", "--workers", "0", "--no-progress"]) == 0
+    return root / "shards", root / "vae"

@@ -12,24 +12,9 @@ from dit_trainer.evaluate.features import extract_features  # noqa: E402
 from dit_trainer.evaluate.stats import gaussian_stats  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """(shard folder of 9 images in 2 classes, the tiny VAE folder that encoded them)."""
-    from diffusers import AutoencoderKL
-    from PIL import Image
-
-    root = tmp_path_factory.mktemp("latref")
-    torch.manual_seed(0)
-    AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-                  up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
-                  norm_num_groups=8, sample_size=16).save_pretrained(root / "vae")
-    rng = np.random.default_rng(0)
-    for i in range(9):
-        (root / "images" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / "images" / f"c{i % 2}" / f"{i}.png")
-    assert main(["extract", "--data-path", str(root / "images"), "--vae", str(root / "vae"), "--image-size", "16",
-                 "--out", str(root / "shards"), "--batch-size", "4", "--workers", "0", "--no-progress"]) == 0
-    return root / "shards", root / "vae"
+@pytest.fixture
+def shards(tiny_latent_shards):
+    return tiny_latent_shards
 
 
 def _decoded_by_hand(folder, vae_dir):

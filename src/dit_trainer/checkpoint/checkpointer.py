@@ -122,13 +122,13 @@ class Checkpointer:
                 return False
         return True
 
-    def ema_model(self, build_model):
-        """A plain eval-mode model (from `build_model()`) holding the EMA weights on rank 0, None
-        elsewhere; a collective."""
+    def ema_model(self, build_model, everywhere: bool = False):
+        """A plain eval-mode model (from `build_model()`) holding the EMA weights on rank 0 (on every
+        rank with `everywhere`, not under pipeline stages), None elsewhere; a collective."""
         from dit_trainer.checkpoint.sharded import gather_full
 
-        full = gather_full(self.ema.state_dict(), self.model_parts, self.dims)
-        if not self.dims.is_main:
+        full = gather_full(self.ema.state_dict(), self.model_parts, self.dims, everywhere)
+        if not self.dims.is_main and not everywhere:
             return None
         # Building initialises weights from the global RNG, which the run's data order depends on.
         with torch.random.fork_rng(devices=[]):

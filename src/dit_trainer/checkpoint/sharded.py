@@ -331,8 +331,13 @@ def _full_trainable_names(path) -> list:
 # Full weights
 
 
-def gather_full(tensors: dict, model_parts, dims=None) -> dict:
-    """Full tensors in the released layout on global rank 0 (every rank must call it); {} elsewhere."""
+def gather_full(tensors: dict, model_parts, dims=None, everywhere: bool = False) -> dict:
+    """Full tensors in the released layout on global rank 0 (every rank must call it); {} elsewhere.
+
+    `everywhere` keeps them on every rank too, which costs nothing more without pipeline stages
+    (each rank assembles the full tensors anyway); with stages it is refused."""
+    if everywhere and dims is not None and dims.pp_enabled:
+        raise ValueError("full weights on every rank are not gathered across pipeline stages")
     fused = _fused_keys(_as_list(model_parts))
     out = {}
     for key, value in tensors.items():
@@ -348,7 +353,7 @@ def gather_full(tensors: dict, model_parts, dims=None) -> dict:
             out = {k: v for p in parts for k, v in p.items()} if dims.pp_rank == 0 else {}
         else:
             out = {}
-    if dist.is_initialized() and dist.get_rank() != 0:
+    if dist.is_initialized() and dist.get_rank() != 0 and not everywhere:
         return {}
     return out
 

@@ -41,6 +41,12 @@ _RANGES = (
     ("logging.sample_cfg_scale", lambda v: v >= 1, "1 (no guidance) or more"),
     ("logging.samples_per_class", lambda v: v > 0, "a positive integer"),
     ("logging.peak_tflops", lambda v: v >= 0 and math.isfinite(v), "0 (measure it) or more"),
+    ("eval.every", lambda v: v >= 0, "0 (no FID during training) or more"),
+    ("eval.num_samples", lambda v: v >= 2, "an integer >= 2 (FID fits a covariance)"),
+    ("eval.sample_batch_size", lambda v: v > 0, "a positive integer"),
+    ("eval.sample_steps", lambda v: v > 0, "a positive integer"),
+    ("eval.cfg_scale", lambda v: v >= 1, "1 (no guidance) or more"),
+    ("eval.ref_images", lambda v: v == 0 or v >= 2, "0 (every training image) or an integer >= 2"),
     ("parallel.dp_replicate", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
     ("parallel.dp_shard", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
     ("parallel.tp", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
@@ -58,6 +64,7 @@ _NAMES = {
     "train.compile": ("auto", "true", "false"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
+    "eval.network": ("auto", "inception", "digits"),
 }
 
 # Names the code accepts besides the documented ones (diffusers' name of the cosine schedule).

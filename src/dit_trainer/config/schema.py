@@ -108,6 +108,19 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = 0  # FID of the EMA model against the training set's statistics every this many steps; 0 disables
+    num_samples: int = 1000  # samples per measurement, labels balanced over the classes, split over the ranks
+    sample_batch_size: int = 50  # samples drawn per chunk (one seed each: the same noise at every measurement)
+    sample_steps: int = 50  # sampler steps of those samples (the objective's default sampler)
+    cfg_scale: float = 1.0  # their guidance scale, >= 1 (1: none, the usual training-time FID)
+    network: str = "auto"  # auto | inception | digits; auto: the digit network for data.path digits, else Inception
+    ref: Optional[str] = None  # reference .npz (ADM's, or dit eval --ref-from-*) instead of the training set's statistics
+    ref_images: int = 10000  # training latents decoded for the statistics, this many at random; 0: all (image folders: all)
+    inception_weights: Optional[str] = None  # Inception weight file; None: fetched into torch's hub cache on first use
+
+
+@dataclass
 class ParallelConfig:
     dp_replicate: int = 1  # data-parallel replicas (DDP, or HSDP's replicate groups)
     dp_shard: int = -1  # FSDP shard degree; -1: whatever the other degrees leave of the world size
@@ -132,6 +145,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict:

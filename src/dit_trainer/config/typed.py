@@ -88,6 +88,7 @@ def yaml_problem(err: yaml.YAMLError) -> str:
 # Names users bring from other code bases (PaddleMIX, LLaMA, the other model family) for a key of ours.
 SYNONYMS = {
     "learning_rate": "lr",
+    "batch_size": "global_batch_size",  # not eval.sample_batch_size, as close in spelling
     "n_layers": "depth",
     "num_layers": "depth",
     "depth": "n_layers",

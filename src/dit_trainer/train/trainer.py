@@ -29,6 +29,7 @@ from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.train import preflight, resume, resume_checks
 from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
+from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
@@ -266,9 +267,10 @@ class DiTTrainer:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
         self.load_trainer_state(self.checkpointer.load(path))
 
-    def ema_model(self):
-        """A plain eval-mode model holding the EMA weights on rank 0 (None elsewhere); all ranks call it."""
-        return self.checkpointer.ema_model(functools.partial(self.spec.build_model_fn, self.cfg))
+    def ema_model(self, everywhere: bool = False):
+        """A plain eval-mode model holding the EMA weights on rank 0 (on every rank with `everywhere`,
+        not under pipeline parallelism; None elsewhere); all ranks call it."""
+        return self.checkpointer.ema_model(functools.partial(self.spec.build_model_fn, self.cfg), everywhere)
 
     def maybe_resume(self):
         """Load `checkpoint.resume_from`, else the newest usable checkpoint of `output_dir` when
@@ -349,6 +351,7 @@ class DiTTrainer:
             # Also without a checkpoint: a run killed before its first save logged steps that will be redone.
             logger.truncate_after(self.step)
         mfu = mfu_meter(self)
+        fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
         bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
                    desc="train", dynamic_ncols=True)
         last = {}
@@ -385,6 +388,11 @@ class DiTTrainer:
                 grid = self.save_sample_grid(path)
                 if grid is not None:
                     logger.log_image(self.step, "samples", grid)
+            if fid is not None and fid.due(self.step):  # a collective, as the grid
+                values = fid.measure(self.ema_model(fid.every_rank_samples), self.objective, self.step)
+                if values:
+                    logger.log(self.step, values)
+                    last = {**last, **values}
             if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps or self.stop_requested:
                 self.save_checkpoint()
             if self.stop_requested:

@@ -1,0 +1,27 @@
+"""torchrun worker: the digits run of test_eval_during_training under each layout named, FID every 2 steps."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch.distributed as dist  # noqa: E402
+
+from test_eval_during_training import _digits_config  # noqa: E402
+from dit_trainer.config import config_from_dict  # noqa: E402
+from dit_trainer.train import DiTTrainer  # noqa: E402
+
+
+def main():
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")  # once: starting the process group is the slow part
+    for layout in sys.argv[2:]:
+        cfg = _digits_config(out / layout, 2)
+        cfg["parallel"] = {"fsdp": {"dp_shard": 2}, "pp": {"pp": 2, "dp_shard": 1, "pp_microbatches": 2}}[layout]
+        cfg["train"]["device"] = "cpu"
+        DiTTrainer(config_from_dict(cfg)).train()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
