@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -20,7 +21,8 @@ def test_shipped_yaml_is_the_demo_config():
 
 def test_demo_short_run(tmp_path, capsys):
     torch.set_num_threads(1)
-    assert main(["demo", "--steps", "20", "--out", str(tmp_path), "--per-class", "2", "--no-progress"]) == 0
+    assert main(["demo", "--steps", "20", "--out", str(tmp_path), "--per-class", "2", "--no-progress",
+                 "--fid-samples", "30"]) == 0
     grid = Image.open(tmp_path / "samples.png")
     # 10 rows (one per digit) of 2 samples, 16 px each with 2 px padding, enlarged 4x.
     assert grid.size == (4 * (2 * 18 + 2), 4 * (10 * 18 + 2)) and grid.mode == "L"
@@ -31,12 +33,22 @@ def test_demo_short_run(tmp_path, capsys):
     assert np.abs(data["images"]).max() <= 1.0
     out = capsys.readouterr().out
     assert "trained 20 steps" in out and "samples.png" in out
+    # FID against the real digits at the last step: printed, and logged beside the loss.
+    import json
+    import re
+
+    printed = re.search(r"FID against the real digits \(digit network, 30 unguided samples at step 20\): "
+                        r"([0-9.]+)", out)
+    logged = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "fid" in r]
+    assert printed and [r["step"] for r in logged] == [20]
+    assert float(printed.group(1)) == pytest.approx(logged[0]["fid"], abs=0.01) and logged[0]["fid"] > 0
+    assert (tmp_path / "eval" / "reference.npz").is_file()
 
 
 def test_demo_short_run_as_transport(tmp_path, capsys):
     torch.set_num_threads(1)
     assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--per-class", "1", "--no-progress",
-                 "--objective", "transport"]) == 0
+                 "--objective", "transport", "--fid-samples", "0"]) == 0
     cfg = load_config(tmp_path / "config.yaml")
     assert cfg.objective == "transport" and cfg.transport.ode_method == "midpoint"
     data = np.load(tmp_path / "samples.npz")
@@ -45,11 +57,12 @@ def test_demo_short_run_as_transport(tmp_path, capsys):
 
 def test_demo_rerun_into_a_finished_folder_names_its_flag(tmp_path, capsys):
     torch.set_num_threads(1)
-    args = ["demo", "--steps", "4", "--out", str(tmp_path), "--per-class", "1", "--no-progress"]
+    args = ["demo", "--steps", "4", "--out", str(tmp_path), "--per-class", "1", "--no-progress", "--fid-samples", "20"]
     assert main(args) == 0
     capsys.readouterr()
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "reached --steps 4; raise --steps to train further" in out and "train.max_steps" not in out
     assert "trained 4 steps" not in out and "finished run of 4 steps: no training, sampled it again" in out
+    assert "at step 4):" in out  # the FID the finished run logged
     assert (tmp_path / "samples.png").is_file()

@@ -8,12 +8,13 @@ Usage: python scripts/demo/demo_check.py [--seed 0] [--steps N] [--objective dif
 Runs `dit demo` (as `python -m dit_trainer demo`, this checkout's src first on the path) in a
 subprocess with a fresh output folder, timing the whole command: interpreter start, imports,
 training, sampling, saving. Then scores the folder's samples.npz: a classifier fit on the real 8×8
-digits labels each box-downsampled sample, and the share it labels as the requested class is
-printed per class and overall, beside the same classifier's accuracy on held-out real digits sent
-through the samples' path (the ceiling). Prints the wall seconds, the share recognised, the demo's
-steps, batch and precision, and the date, CPU name and load average (the load says whether the
-timing was taken on a busy machine). `--score DIR` only scores an existing demo folder. Exits 0
-when the goals are met, 1 when one is missed, 2 when the demo failed or its samples are unusable.
+digits labels each box-downsampled sample, and the share it labels as the requested class is printed
+per class and overall, beside the same classifier's accuracy on held-out real digits sent through
+the samples' path (the ceiling), and the FID against the real digits the demo logged. Prints the
+wall seconds, the share recognised, the demo's steps, batch and precision, and the date, CPU name
+and load average (the load says whether the timing was taken on a busy machine). `--score DIR` only
+scores an existing demo folder. Exits 0 when the goals are met, 1 when one is missed, 2 when the
+demo failed or its samples are unusable.
 """
 
 import argparse
@@ -165,6 +166,7 @@ def main(argv=None) -> int:
     if share is None:
         return 2
     trained = re.search(r"trained (\d+) steps in (\d+) s", demo.stdout)
+    fid = re.search(r"FID against the real digits \((.*)\): ([0-9.]+)", demo.stdout)
 
     time_ok, share_ok = wall <= args.max_seconds, share >= args.min_share
     print(f"date:        {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC")
@@ -177,6 +179,8 @@ def main(argv=None) -> int:
         print(f"training:    {trained.group(1)} steps in {trained.group(2)} s (the rest: start, sampling, saving)")
     print(f"wall:        {wall:.1f} s  goal <= {args.max_seconds:.0f} s  {'met' if time_ok else 'MISSED'}")
     print(verdict(share, args.min_share))
+    if fid:
+        print(f"fid:         {fid.group(2)} against the 1,797 real digits ({fid.group(1)})")
     print(f"output:      {out}")
     return 0 if time_ok and share_ok else 1
 

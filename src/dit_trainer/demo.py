@@ -8,13 +8,19 @@ one row per digit. The config is `configs/demo_digits.yaml`; `demo_config()` is 
 import time
 from pathlib import Path
 
+from dit_trainer.errors import ConfigError
 from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it here)
 
 # 1,400 steps: 100% recognised with seeds 0 and 1 (as at 1,600), in ~20 s less than 1,600 takes.
 DEMO_STEPS = 1400
+# FID at the end against all 1,797 real digits: 500 unguided samples cost ~10 s on two cores
+# (guided ones twice that), which `dit demo`'s 3 minutes can take; 500 real digits score ~3 against
+# the same statistics (benchmarks/RESULTS.md).
+DEMO_FID_SAMPLES = 500
 
 
-def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusion") -> dict:
+def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusion",
+                fid_samples=DEMO_FID_SAMPLES) -> dict:
     """The demo's config: a small DiT-S/4-shaped model sized for two CPU cores.
 
     Tuned so that the whole `dit demo` stays under 3 minutes on two cores with >= 97% of the
@@ -47,11 +53,16 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
         # config's model 4, 6, 8 and 12 all gave 100%, and 4 keeps the most variety within a row.
         "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 25,
                     "sample_cfg_scale": 4.0, "samples_per_class": 10},
+        # FID against the real digits (the digit network) once, at the last step; 0 samples: none.
+        "eval": {"every": int(steps) if fid_samples else 0, "num_samples": int(fid_samples or DEMO_FID_SAMPLES),
+                 "sample_batch_size": 250,
+                 "sample_steps": 25, "cfg_scale": 1.0},
     }
 
 
-def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progress=True, objective="diffusion") -> dict:
-    """Train, then write samples.png, samples.npz and loss.png into `out`; returns a summary."""
+def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progress=True, objective="diffusion",
+             fid_samples=DEMO_FID_SAMPLES) -> dict:
+    """Train (FID at the end), then write samples.png, samples.npz and loss.png into `out`; returns a summary."""
     import numpy as np
     import torch
 
@@ -60,7 +71,7 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     from dit_trainer.train import DiTTrainer
 
     out = Path(out)
-    cfg = config_from_dict(demo_config(out, steps, seed, objective))
+    cfg = config_from_dict(demo_config(out, steps, seed, objective, fid_samples))
     cfg.logging.progress = progress
     trainer = DiTTrainer(cfg)
     trainer.max_steps_flag = "--steps"
@@ -86,6 +97,12 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title="dit demo: DiT on scikit-learn digits")
     summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step,
                "already_finished": already_finished}
+    from dit_trainer.train.metrics import read_metrics
+
+    # From the file, so a finished run sampled again still reports the FID it logged.
+    fids = [r for r in read_metrics(out / "metrics.jsonl") if r.get("fid") is not None]
+    if fids:
+        summary.update(fid=fids[-1]["fid"], fid_step=fids[-1]["step"], fid_samples=cfg.eval.num_samples)
     try:
         from dit_trainer.data.digits import classify_images
 
@@ -103,6 +120,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default="outputs/demo", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, noise and weights")
     p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid")
+    p.add_argument("--fid-samples", type=int, default=DEMO_FID_SAMPLES,
+                   help="samples for the FID against the real digits at the end (digit network); 0: none")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion",
                    help="Gaussian diffusion (DiT) or interpolant transport (SiT)")
@@ -111,13 +130,18 @@ def add_commands(sub) -> None:
 
 def run(args) -> int:
     """Run the demo and say where its pictures are."""
+    if args.fid_samples != 0 and args.fid_samples < 2:
+        raise ConfigError(f"--fid-samples is {args.fid_samples}; FID needs at least 2 samples (0: no FID)")
     summary = run_demo(args.out, args.steps, args.seed, args.per_class, progress=not args.no_progress,
-                       objective=args.objective)
+                       objective=args.objective, fid_samples=args.fid_samples)
     if summary["already_finished"]:
         print(f"{args.out} holds a finished run of {summary['steps']} steps: no training, sampled it again")
     else:
         print(f"trained {summary['steps']} steps in {summary['train_seconds']:.0f} s")
     if "recognised" in summary:
         print(f"a digit classifier trained on the real digits recognises {summary['recognised']:.0%} of the samples")
+    if "fid" in summary:
+        print(f"FID against the real digits (digit network, {summary['fid_samples']} unguided samples at step "
+              f"{summary['fid_step']}): {summary['fid']:.2f}")
     print(f"samples: {summary['samples']}\nloss curve: {summary['loss_plot']}")
     return 0
