@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from dit_trainer.checkpoint.files import weights_only_refusal
+from dit_trainer.checkpoint.pt import weights_only_refusal
 from dit_trainer.errors import CheckpointError, one_line
 
 _MD = "torch.distributed.checkpoint.metadata"

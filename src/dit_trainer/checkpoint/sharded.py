@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 
-from dit_trainer.checkpoint.files import weights_only_refusal
+from dit_trainer.checkpoint.pt import weights_only_refusal
 from dit_trainer.errors import CheckpointError
 from dit_trainer.parallel.tp import fused_row_layouts, fused_rows_to_full_layout, fused_rows_to_tp_layout
 from dit_trainer.parallel.utils import full, is_dtensor
