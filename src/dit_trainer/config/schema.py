@@ -89,6 +89,7 @@ class CheckpointConfig:
     resume_from: Optional[str] = None  # resume from this checkpoint folder or step number instead of the newest
     sharded: bool = False  # torch.distributed.checkpoint instead of full safetensors
     on_existing: str = "refuse"  # resume false over an earlier run: refuse | archive (move aside) | overwrite
+    allow_new_seed: bool = False  # resume a checkpoint of another train.seed: the data order follows the new seed from the saved sample on
 
 
 @dataclass
