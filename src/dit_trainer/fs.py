@@ -23,7 +23,7 @@ def not_regular(path):
     """What `path` is when it exists but is no regular file (symlinks followed), else None."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in a name read from a damaged file
         return None  # a missing file is the reader's to report, with its own advice
     if stat.S_ISREG(mode):
         return None
