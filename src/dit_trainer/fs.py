@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import sys
+from pathlib import Path
 
 from dit_trainer.errors import DitError
 
@@ -37,6 +38,31 @@ def check_regular(path, error=DitError, what: str = "") -> None:
     if kind is not None:
         meant = f" ({what})" if what else ""
         raise error(f"{path}{meant} is {kind}, not a regular file; replace it with the real file or remove it")
+
+
+def check_output_path(path, flag: str, error=DitError, folder: bool = False, suffixes=()) -> None:
+    """A one-line `error` before any work when `path` cannot be written as a file (`folder`: as a
+    folder): a folder where a file goes or the reverse, a file where a parent folder goes, an ending
+    none of `suffixes`, or a parent that is not writable. `flag` names the option (--out)."""
+    p = Path(os.path.expanduser(os.fspath(path)))
+    if not str(path).strip():
+        raise error(f"{flag} is empty; name the {'folder' if folder else 'file'} to write")
+    if folder and p.exists() and not p.is_dir():
+        raise error(f"{flag} {path} is a file; pass a folder to write into (a new one is created)")
+    if not folder and p.is_dir():
+        example = p / f"samples{suffixes[0] if suffixes else ''}"
+        raise error(f"{flag} {path} is a folder; name a file in it, e.g. {example}")
+    if suffixes and p.suffix.lower() not in suffixes:
+        shown = ", ".join(suffixes[:6]) + (", ..." if len(suffixes) > 6 else "")
+        raise error(f"{flag} {path}: the ending {p.suffix or '(none)'} is not one of {shown}; "
+                    f"name the file like samples{suffixes[0]}")
+    parent = p.parent if not folder or not p.exists() else p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise error(f"{flag} {path}: {parent} is a file, not a folder; pick another path")
+    if not os.access(parent, os.W_OK):
+        raise error(f"{flag} {path}: {parent} is not writable; pick another path or fix its permissions")
 
 
 def free_bytes(path):
