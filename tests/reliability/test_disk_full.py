@@ -96,3 +96,18 @@ def test_low_space_warns_before_the_save(tmp_path, monkeypatch, capsys):
     DiTTrainer(run_config(tmp_path, 4, keep=0)).train()  # the disk is not really full: the save works
     err = capsys.readouterr().err
     assert "1.0 kB free" in err and "a checkpoint takes about 3.0 MB" in err
+
+
+def test_disk_full_under_any_command_is_one_line(tmp_path, monkeypatch, capsys):
+    """A sample grid, an .npz or a converted folder that cannot be written: the CLI says which, in one line."""
+    from dit_trainer.cli import main
+    from dit_trainer.evaluate import evaluator
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "ref.npz"))
+
+    monkeypatch.setattr(evaluator, "reference_from_images", full)
+    (tmp_path / "images").mkdir()
+    assert main(["eval", "--ref-from-images", str(tmp_path / "images"), "--out", str(tmp_path / "ref.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{tmp_path / 'ref.npz'}: No space left on device" in err
