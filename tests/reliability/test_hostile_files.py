@@ -3,7 +3,6 @@ FIFOs and devices where a regular file belongs."""
 
 import os
 import pathlib
-import pickle
 import threading
 
 import numpy as np

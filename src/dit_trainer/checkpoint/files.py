@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from dit_trainer.checkpoint.pt import CKPT_RE, load_pt, weights_only_refusal  # noqa: F401 (re-exported)
+from dit_trainer.checkpoint.pt import CKPT_RE, load_pt
 from dit_trainer.errors import CheckpointError
 from dit_trainer.fs import check_regular, write_error_text
 
