@@ -67,5 +67,15 @@ def main(argv=None) -> int:
     except DitError as err:
         print(f"dit {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        from dit_trainer.fs import DISK_ERRNOS
+
+        if err.errno not in DISK_ERRNOS:
+            raise
+        # A full disk, a quota, a read-only mount or an I/O error under any command: the disk's
+        # problem, not the code's, so one line naming the path instead of a traceback.
+        print(f"dit {args.command}: error: {err.filename or 'a file'}: {err.strerror}; free space, fix the "
+              "permissions or the mount, then rerun", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

@@ -62,7 +62,8 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
 
 def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progress=True, objective="diffusion",
              fid_samples=DEMO_FID_SAMPLES) -> dict:
-    """Train (FID at the end), then write samples.png, samples.npz and loss.png into `out`; returns a summary."""
+    """Train (FID at the end), then write samples.png, samples.npz and loss.png into `out`; returns a summary
+    (only `stopped`, `steps` and `train_seconds` when a signal stopped the training)."""
     import numpy as np
     import torch
 
@@ -78,6 +79,9 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     t0 = time.perf_counter()
     metrics = trainer.train()
     train_s = time.perf_counter() - t0
+    if trainer.stop_requested:
+        # SIGTERM/Ctrl-C: the checkpoint is saved; sampling a half-trained model is not what was asked.
+        return {"stopped": True, "steps": trainer.step, "train_seconds": train_s}
     # A finished run in `out` is resumed and sampled again without a step, and logs nothing.
     already_finished = not metrics and trainer.step >= cfg.train.max_steps
 
@@ -134,6 +138,10 @@ def run(args) -> int:
         raise ConfigError(f"--fid-samples is {args.fid_samples}; FID needs at least 2 samples (0: no FID)")
     summary = run_demo(args.out, args.steps, args.seed, args.per_class, progress=not args.no_progress,
                        objective=args.objective, fid_samples=args.fid_samples)
+    if summary.get("stopped"):
+        print(f"stopped at step {summary['steps']} of {args.steps}; the checkpoint is in {args.out}/checkpoints: rerun "
+              f"the same dit demo command to continue")
+        return 0
     if summary["already_finished"]:
         print(f"{args.out} holds a finished run of {summary['steps']} steps: no training, sampled it again")
     else:

@@ -20,11 +20,11 @@ def _cfg(tmp_path, steps, **sections):
 
 def test_bare_step_name_and_the_steps_that_exist(tmp_path):
     DiTTrainer(_cfg(tmp_path, 4)).train()
-    trainer = DiTTrainer(_cfg(tmp_path, 6, checkpoint={"resume_from": "step-00000002"}))
-    assert trainer.maybe_resume().name == "step-00000002" and trainer.step == 2
     with pytest.raises(ConfigError) as err:
         DiTTrainer(_cfg(tmp_path, 6, checkpoint={"resume_from": "step-00000003"})).maybe_resume()
     assert "it holds steps 2, 4" in str(err.value) and "\n" not in str(err.value)
+    trainer = DiTTrainer(_cfg(tmp_path, 6, checkpoint={"resume_from": "step-00000002"}))
+    assert trainer.maybe_resume().name == "step-00000002" and trainer.step == 2
 
 
 def test_resume_says_where_from(tmp_path, capsys):

@@ -11,6 +11,7 @@ import torch
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.errors import CheckpointError
+from dit_trainer.fs import tree_bytes, warn_low_space
 from dit_trainer.parallel.utils import any_rank, barrier
 
 
@@ -24,6 +25,22 @@ class Checkpointer:
         self.dims, self.device, self.sharded, self.keep = dims, device, sharded, keep
         # The kernel choice (fused, foreach) belongs to this layout's parameters, not to the writer's.
         self._kernels = {k: optimizer.param_groups[0][k] for k in ("fused", "foreach")}
+        # Names of checkpoints known whole (written or verified by this process): rotation counts them
+        # without hashing them again. `last_good`: the newest of them, the one a failure leaves intact.
+        self.whole, self.last_good = set(), None
+
+    def mark_good(self, path) -> None:
+        """Record checkpoint `path` as verified and loaded (a resume), so rotation keeps it."""
+        if path.parent.resolve() == ckpt.checkpoint_root(self.output_dir).resolve():
+            self.whole.add(path.name)  # a checkpoint of another run folder says nothing of this one's
+        self.last_good = path
+
+    def _needed(self) -> int:
+        """About the bytes the next checkpoint takes: the previous one's size (warned about when the disk lacks it)."""
+        last = ckpt.latest_checkpoint(self.output_dir)
+        needed = tree_bytes(last) if last is not None else 0
+        warn_low_space(ckpt.checkpoint_root(self.output_dir), needed, "a checkpoint")
+        return needed
 
     def _model(self):
         model = self.model_parts[0]
@@ -34,6 +51,7 @@ class Checkpointer:
         if not self.sharded:
             if not self.dims.is_main:
                 return None
+            needed = self._needed()
             files = {
                 "model.safetensors": self._model().state_dict(),
                 "ema.safetensors": self.ema.state_dict(),
@@ -41,7 +59,8 @@ class Checkpointer:
                 "trainer_state.pt": trainer_state,
                 "config.yaml": config_text,
             }
-            return ckpt.save_checkpoint(self.output_dir, step, files, keep=self.keep)
+            self.last_good = ckpt.save_checkpoint(self.output_dir, step, files, self.keep, self.whole, needed)
+            return self.last_good
         return self._save_sharded(step, trainer_state, config_text)
 
     def _save_sharded(self, step: int, trainer_state: dict, config_text: str):
@@ -52,12 +71,12 @@ class Checkpointer:
         main = self.dims.is_main
         root = ckpt.checkpoint_root(self.output_dir)
         tmp = root / f"step-{step:08d}.tmp"
-        error = None
+        error, needed = None, self._needed() if main else None
         try:
             if main:
                 ckpt.begin_checkpoint(self.output_dir, step)
         except OSError as err:
-            error = ckpt.write_failed(tmp, err)
+            error = ckpt.write_failed(tmp, err, needed)
         # Every rank learns whether the folder exists before writing into it (no rank may hang).
         if any_rank(error is not None, self.device):
             raise error or CheckpointError(f"cannot write checkpoint {tmp}: rank 0 could not create it")
@@ -68,20 +87,21 @@ class Checkpointer:
             if main:
                 (tmp / "config.yaml").write_text(config_text)
                 ckpt.write_manifest(tmp)
-        except (OSError, RuntimeError, CheckpointException) as err:
+        except (*ckpt.WRITE_ERRORS, CheckpointException) as err:
             cause = err
             if isinstance(err, CheckpointException):
                 failures = list(getattr(err, "failures", {}).values())
                 cause = failures[0][0] if failures and isinstance(failures[0], tuple) else RuntimeError(str(err))
-            error = ckpt.write_failed(tmp, cause) if main else CheckpointError(f"cannot write checkpoint {tmp}: {cause}")
+            error = ckpt.write_failed(tmp, cause, needed) if main else CheckpointError(f"cannot write checkpoint {tmp}: {cause}")
         if any_rank(error is not None, self.device):
             if main:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise error or CheckpointError(f"cannot write checkpoint {tmp}: another rank failed to write its shards")
         if main:
-            ckpt.commit_checkpoint(tmp, self.keep)
+            ckpt.commit_checkpoint(tmp, self.keep, self.whole)
         barrier()
-        return root / f"step-{step:08d}"
+        self.last_good = root / f"step-{step:08d}"
+        return self.last_good
 
     def load(self, path) -> dict:
         """Load weights, EMA and optimizer from checkpoint folder `path` (DCP shards under any layout,
@@ -108,10 +128,32 @@ class Checkpointer:
             sharded.load_full_into_sharded(path, self.model_parts, self.optimizer, self.ema)
             return ckpt.load_pt(path / "trainer_state.pt")
         model_file = path / "model.safetensors"
-        ckpt.load_into(self._model(), ckpt.load_safetensors(model_file), model_file)
-        self.ema.load_state_dict(ckpt.load_safetensors(path / "ema.safetensors"))
-        self.optimizer.load_state_dict(ckpt.load_pt(path / "optimizer.pt"))
+        # A run keeps its weights, EMA and moments in one dtype: another in the file was written by
+        # another tool, and a cast would hide it (int32 turns weights into whole numbers).
+        ckpt.load_into(self._model(), ckpt.load_safetensors(model_file), model_file, exact_dtype=True)
+        ema = ckpt.load_safetensors(path / "ema.safetensors")
+        self._same_dtypes({k: v.dtype for k, v in self.ema.shadow.items()}, ema, path / "ema.safetensors")
+        self.ema.load_state_dict(ema)
+        optim = ckpt.load_pt(path / "optimizer.pt")
+        self._check_optimizer_dtypes(optim, path / "optimizer.pt")
+        self.optimizer.load_state_dict(optim)
         return ckpt.load_pt(path / "trainer_state.pt")
+
+    @staticmethod
+    def _same_dtypes(want: dict, state: dict, source) -> None:
+        problem = ckpt.dtype_mismatch(want, state, exact=True)
+        if problem:
+            raise CheckpointError(f"{source}: {problem}; the file was changed or written by another tool, use "
+                                  "another checkpoint")
+
+    def _check_optimizer_dtypes(self, state, source) -> None:
+        """Each moment of `optimizer.pt` in its parameter's dtype (the optimizer would cast it silently)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        entries = state.get("state", {}) if isinstance(state, dict) else {}
+        for index, moments in entries.items() if isinstance(entries, dict) else ():
+            if isinstance(index, int) and 0 <= index < len(params) and isinstance(moments, dict):
+                want = {f"state.{index}.{k}": params[index].dtype for k in moments if k != "step"}
+                self._same_dtypes(want, {f"state.{index}.{k}": v for k, v in moments.items()}, source)
 
     def weights_finite(self) -> bool:
         """Whether every weight and EMA value this rank holds is finite."""

@@ -6,21 +6,20 @@ everything loads with `torch.load(weights_only=True)`. `manifest.json`, written 
 rename, holds each file's size and sha256, so a truncated or flipped file is found before use.
 """
 
-import argparse
 import hashlib
 import json
 import os
-import pickle
-import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from dit_trainer.checkpoint.pt import CKPT_RE, load_pt
 from dit_trainer.errors import CheckpointError
-
-CKPT_RE = re.compile(r"^step-(\d{8})$")
+from dit_trainer.fs import check_regular, write_error_text
 
 
 def checkpoint_root(output_dir) -> Path:
@@ -96,6 +95,7 @@ MANIFEST = "manifest.json"
 
 
 def _sha256(path: Path, sync: bool = False) -> str:
+    check_regular(path, CheckpointError, "a checkpoint file")
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -123,6 +123,7 @@ def write_manifest(folder: Path) -> Path:
 def verify_file(folder, name: str) -> None:
     """Check one file of a checkpoint against its manifest (nothing to check without one)."""
     folder = Path(folder)
+    check_regular(folder / MANIFEST, CheckpointError, "a checkpoint manifest")
     try:
         info = json.loads((folder / MANIFEST).read_text())["files"][name]
         size, digest = int(info["size"]), str(info["sha256"])
@@ -142,6 +143,10 @@ def verify_checkpoint(folder) -> None:
     """
     folder = Path(folder)
     man = folder / MANIFEST
+    for path in folder.rglob("*"):
+        # A FIFO would block the reader below in open(), where no signal ends the wait.
+        if not path.is_dir():
+            check_regular(path, CheckpointError, "in a checkpoint")
     if not man.is_file():
         if not ((folder / "dcp" / ".metadata").is_file() or (folder / "model.safetensors").is_file()):
             raise CheckpointError(f"{folder} is incomplete: no {MANIFEST} and no weights")
@@ -161,41 +166,96 @@ def verify_checkpoint(folder) -> None:
             raise CheckpointError(f"{path} fails its sha256 checksum: the file is damaged")
 
 
-def write_failed(tmp: Path, err: BaseException) -> CheckpointError:
-    """Remove a half-written checkpoint and say in one line why it could not be written."""
+def write_failed(tmp: Path, err: BaseException, needed=None) -> CheckpointError:
+    """Remove a half-written checkpoint and say in one line why it could not be written: the path,
+    the cause and the bytes it needs (`needed`, about the previous checkpoint's size)."""
     shutil.rmtree(tmp, ignore_errors=True)
-    if isinstance(err, OSError):
-        cause = err.strerror or str(err)
-        where = err.filename or tmp
-    else:  # torch.save reports a full disk as RuntimeError "[enforce fail at inline_container.cc] ..."
-        lines = str(err).strip().splitlines()
-        cause, where = (lines[-1] if lines else type(err).__name__), tmp
-    return CheckpointError(f"cannot write checkpoint {where}: {cause}; free space or fix permissions "
-                           "(the previous checkpoint is kept)")
+    return CheckpointError(f"{write_error_text(tmp, err, needed).replace('cannot write ', 'cannot write checkpoint ', 1)}; "
+                           "free space or fix permissions (the previous checkpoint is kept)")
 
 
-def commit_checkpoint(tmp: Path, keep: int = 0) -> Path:
-    """Rename a finished temporary directory to its final name; keep the newest `keep` (0 keeps all)."""
+# What a failed write raises: OSError, torch.save's RuntimeError "[enforce fail at inline_container.cc]
+# ... file write failed" and safetensors' SafetensorError "... (os error 28)".
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def step_of(path) -> int:
+    """The step a `step-XXXXXXXX` folder holds."""
+    return int(CKPT_RE.match(Path(path).name).group(1))
+
+
+def commit_checkpoint(tmp: Path, keep: int = 0, whole=None) -> Path:
+    """Rename a finished temporary directory to its final name, then rotate: keep the newest `keep`
+    checkpoints that verify (0 keeps all) and delete the ones older than those.
+
+    Rotation never deletes the newest verified checkpoint, and a checkpoint that fails its manifest
+    (a truncated newer one, say) is never kept in a good one's place: it does not count. `whole` is
+    a set of checkpoint names already known whole (the caller's cache); the one committed joins it.
+    """
     final = tmp.with_name(tmp.name.removesuffix(".tmp"))
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    whole = set() if whole is None else whole
+    whole.add(final.name)
     if keep > 0:
-        for old in list_checkpoints(final.parent.parent)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        good = 0
+        for path in reversed(list_checkpoints(final.parent.parent)):
+            if good >= keep:
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.name in whole or _verifies(path):
+                whole.add(path.name)
+                good += 1
     return final
 
 
-def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0) -> Path:
-    """Write one checkpoint atomically and keep only the newest `keep` (0 keeps all).
+def _verifies(path) -> bool:
+    try:
+        verify_checkpoint(path)
+        return True
+    except CheckpointError:
+        return False
+
+
+def move_aside_newer(output_dir, step: int):
+    """Move the checkpoints of `output_dir` newer than `step` into `checkpoints/abandoned-TIME/`
+    (with the run's metrics.jsonl as it was), so a run that resumed from `step` continues its own
+    branch on the next rerun instead of the abandoned one; returns that folder, or None."""
+    newer = [p for p in list_checkpoints(output_dir) if step_of(p) > step]
+    if not newer:
+        return None
+    root = checkpoint_root(output_dir)
+    dest, n = root / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}", 1
+    while dest.exists():
+        dest, n = dest.with_name(f"{dest.name.split('~')[0]}~{n}"), n + 1
+    dest.mkdir()
+    metrics = Path(output_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        shutil.copy2(metrics, dest / "metrics.jsonl")  # resuming drops the steps past `step` from it
+    for path in newer:
+        path.rename(dest / path.name)
+    return dest
+
+
+def remove_stale_tmp(output_dir) -> None:
+    """Remove `step-*.tmp` folders a killed save left behind (only while this run holds the folder's lock)."""
+    root = checkpoint_root(output_dir)
+    if root.is_dir():
+        for path in root.glob("step-*.tmp"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0, whole=None, needed=None) -> Path:
+    """Write one checkpoint atomically and rotate as `commit_checkpoint` does (`keep` 0 keeps all).
 
     `files` maps file names to content: `*.safetensors` take a state dict of tensors,
-    `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string.
+    `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string. `needed`: the bytes the
+    checkpoint will take (about the previous one's size), named when the disk is full.
     """
     try:
         tmp = begin_checkpoint(output_dir, step)
     except OSError as err:
-        raise write_failed(checkpoint_root(output_dir) / f"step-{step:08d}.tmp", err) from None
+        raise write_failed(checkpoint_root(output_dir) / f"step-{step:08d}.tmp", err, needed) from None
     try:
         for name, content in files.items():
             path = tmp / name
@@ -206,86 +266,19 @@ def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0) -> Path:
             else:
                 path.write_text(content)
         write_manifest(tmp)
-    except (OSError, RuntimeError) as err:
-        raise write_failed(tmp, err) from None
-    return commit_checkpoint(tmp, keep)
+    except WRITE_ERRORS as err:
+        raise write_failed(tmp, err, needed) from None
+    return commit_checkpoint(tmp, keep, whole)
 
 
 def load_safetensors(path) -> dict:
     """safetensors.load_file with a one-line CheckpointError for a missing, truncated or garbled file."""
+    check_regular(path, CheckpointError, "a weights file")
     try:
         return load_file(str(path))
     except Exception as err:  # SafetensorError, OSError, ...
         text = str(err).strip().splitlines()
         raise CheckpointError(f"{path}: cannot be read as safetensors ({text[-1] if text else type(err).__name__})") from None
-
-
-def load_pt(path):
-    """torch.load with weights_only=True; argparse.Namespace (in the release's training checkpoints) is allowed."""
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise _unreadable_pt(Path(path), err) from None
-
-
-# torch names the refused global as "GLOBAL module.name" in its weights-only errors.
-_GLOBAL_RE = re.compile(r"GLOBAL (\S+)")
-_DOTTED_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
-
-
-def _refused_global(err: BaseException):
-    """The global a weights-only load refused, when the file really names one (else None).
-
-    Garbled bytes in a pickle also end as a refused "global"; a name that is no identifier, or that a
-    module already imported here does not have (a flipped torch._utils._rebuild_tensor_v2), is damage.
-    """
-    import sys
-
-    if not isinstance(err, pickle.UnpicklingError):
-        return None
-    found = _GLOBAL_RE.search(str(err))
-    name = found.group(1).rstrip(".") if found else ""
-    if not _DOTTED_RE.fullmatch(name):
-        return None
-    module, _, attr = name.rpartition(".")
-    if module in sys.modules and not hasattr(sys.modules[module], attr):
-        return None
-    return name
-
-
-def weights_only_refusal(err: BaseException) -> str:
-    """Why a weights-only load of a checkpoint's own pickle failed, told apart: planted code or damage."""
-    code = _refused_global(err)
-    if code:
-        return (f"needs code to unpickle ({code}), which a weights-only load refuses; dit-trainer never writes "
-                "code into checkpoints, so it was replaced: use another checkpoint")
-    return f"is damaged ({type(err).__name__}); restore it or use another checkpoint"
-
-
-def _unreadable_pt(path: Path, err: BaseException) -> CheckpointError:
-    """Why a .pt does not load, in one line: code it needs, damage, or not a torch file at all."""
-    if isinstance(err, FileNotFoundError):
-        return CheckpointError(f"{path} does not exist; pass a .pt file or restore it from another checkpoint")
-    code = _refused_global(err)
-    if code:
-        if CKPT_RE.match(path.parent.name):
-            return CheckpointError(f"{path}: {weights_only_refusal(err)}")
-        return CheckpointError(f"{path}: needs code to unpickle ({code}), which a weights-only load refuses; if you "
-                               "trust its source, convert it to safetensors or a plain state dict")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as os_err:
-        return CheckpointError(f"{path}: cannot be read ({os_err.strerror or type(os_err).__name__})")
-    if not head:
-        return CheckpointError(f"{path} is empty; re-download it or restore it from another checkpoint")
-    # torch.save writes a zip archive (PK\x03\x04), or a pickle (protocol byte 0x80) in the legacy format.
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):
-        return CheckpointError(f"{path} is damaged or truncated ({type(err).__name__}); re-download it or restore "
-                               "it from another checkpoint")
-    return CheckpointError(f"{path} is not a torch file (no zip or pickle header); pass a file written by "
-                           "torch.save or a .safetensors file")
 
 
 def load_weights(path, prefer_ema: bool = True) -> dict:
@@ -352,10 +345,30 @@ def mismatch(want: dict, state_dict: dict, model: str = "the model") -> str:
     return "; ".join(parts)
 
 
-def load_into(model: torch.nn.Module, state_dict: dict, source) -> None:
-    """load_state_dict(strict=True) with a one-line error naming the source and the mismatch."""
-    problem = mismatch({k: v.shape for k, v in model.state_dict().items()}, state_dict)
+def dtype_mismatch(want: dict, state_dict: dict, exact: bool = False) -> str:
+    """The first tensor of `state_dict` whose dtype cannot stand for `want`'s ({name: dtype}), in words;
+    "" if none. `exact`: any other dtype (a training checkpoint holds what the run keeps); else only
+    integers or bools for floating weights, which a cast would silently turn into whole numbers."""
+    for key, dtype in want.items():
+        got = state_dict.get(key)
+        if not isinstance(got, torch.Tensor) or got.dtype == dtype:
+            continue
+        if exact or (dtype.is_floating_point and not got.dtype.is_floating_point):
+            name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+            return f"{key} is {name(got.dtype)} but the model keeps it as {name(dtype)}"
+    return ""
+
+
+def load_into(model: torch.nn.Module, state_dict: dict, source, exact_dtype: bool = False) -> None:
+    """load_state_dict(strict=True) with a one-line error naming the source and the mismatch (shape, or a
+    dtype a cast would change: any other with `exact_dtype`, else integers for floating weights)."""
+    own = model.state_dict()
+    problem = mismatch({k: v.shape for k, v in own.items()}, state_dict)
     if problem:
         raise CheckpointError(f"{source} does not fit this model ({problem}); check model.name, input_size, "
                               "num_classes and learn_sigma")
+    problem = dtype_mismatch({k: v.dtype for k, v in own.items()}, state_dict, exact_dtype)
+    if problem:
+        raise CheckpointError(f"{source}: {problem}; the file was changed or written by another tool, use "
+                              "another checkpoint")
     model.load_state_dict(state_dict, strict=True)

@@ -6,9 +6,11 @@ config is, and whether the training weights are a `model.safetensors` or only `d
 """
 
 import hashlib
+import sys
 from pathlib import Path
 
-from dit_trainer.checkpoint.files import load_weights, resolve_checkpoint
+from dit_trainer.checkpoint.files import checkpoint_folder, load_weights, resolve_checkpoint
+from dit_trainer.errors import DitError
 
 WEIGHTS = ("ema", "model")
 
@@ -16,9 +18,27 @@ WEIGHTS = ("ema", "model")
 class CheckpointReader:
     """What `open` found: a checkpoint folder (`folder`) or a weights file (`file`), and what they hold."""
 
-    def __init__(self, folder=None, file=None):
+    def __init__(self, folder=None, file=None, run=None):
+        """`run`: the run folder `folder` was resolved from (its newest checkpoint then), so a read that
+        rotation pulls away is retried on the run's newest checkpoint."""
         self.folder = Path(folder).resolve() if folder is not None else None
         self.file = Path(file).resolve() if file is not None else None
+        self.run = Path(run).resolve() if run is not None else None
+
+    def _read(self, read):
+        """`read()`, retried on the run's newest checkpoint while a training run's rotation removes the one
+        being read (it removes a checkpoint only after committing a newer one); other failures raise."""
+        for _ in range(3):
+            try:
+                return read()
+            except (DitError, OSError):  # a config.yaml gone is a ConfigError
+                newest = checkpoint_folder(self.run) if self.run is not None else None
+                if newest is None or newest.resolve() == self.folder:
+                    raise
+                print(f"note: {self.folder.name} was removed while it was read (the run's checkpoint rotation); "
+                      f"reading the run's newest, {newest.name}", file=sys.stderr)
+                self.folder = newest.resolve()
+        return read()
 
     @property
     def path(self) -> Path:
@@ -36,7 +56,7 @@ class CheckpointReader:
             return None
         from dit_trainer.config import load_config
 
-        return load_config(str(self.config_file))
+        return self._read(lambda: load_config(str(self.config_file)))
 
     @property
     def sharded(self) -> bool:
@@ -57,8 +77,8 @@ class CheckpointReader:
         if which == "model" and self.sharded:
             from dit_trainer.checkpoint.sharded import read_sharded_model
 
-            return read_sharded_model(self.folder)
-        return load_weights(self.path, prefer_ema=which == "ema")
+            return self._read(lambda: read_sharded_model(self.folder))
+        return self._read(lambda: load_weights(self.path, prefer_ema=which == "ema"))
 
     def __repr__(self):
         return f"CheckpointReader({str(self.path)!r})"
@@ -72,4 +92,7 @@ def open(path, flag=None) -> CheckpointReader:  # shadows the builtin here only:
     if isinstance(path, CheckpointReader):
         return path
     found = resolve_checkpoint(path, flag)
-    return CheckpointReader(folder=found) if found.is_dir() else CheckpointReader(file=found)
+    if not found.is_dir():
+        return CheckpointReader(file=found)
+    # A run folder (not a checkpoint folder itself): its rotation may remove what was found.
+    return CheckpointReader(folder=found, run=None if found == Path(path) else path)

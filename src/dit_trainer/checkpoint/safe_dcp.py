@@ -4,20 +4,22 @@ torch's `FileSystemReader.read_metadata` unpickles `dcp/.metadata` with plain `p
 `DefaultLoadPlanner.load_bytes` unpickles every byte item (our `trainer` blob) with
 `torch.load(weights_only=False)`: a run folder handed over by someone else could execute code on
 `dit train`. Here the metadata goes through an unpickler that resolves only the classes DCP's
-`Metadata` is made of, and byte items load with `weights_only=True`. Anything else is a one-line
-`CheckpointError`.
+`Metadata` is made of and fills only fresh instances of them, and byte items load with
+`weights_only=True`. Anything else is a one-line `CheckpointError`.
 """
 
 import io
 import pickle
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from dit_trainer.checkpoint.files import weights_only_refusal
+from dit_trainer.checkpoint.pt import weights_only_refusal
+from dit_trainer.checkpoint.unpickle import PlainDataUnpickler
 from dit_trainer.errors import CheckpointError, one_line
+from dit_trainer.fs import check_regular
 
 _MD = "torch.distributed.checkpoint.metadata"
 # Exactly what `dcp.save` pickles into `.metadata` (torch 2.4 .. 2.13): the metadata dataclasses,
@@ -35,8 +37,8 @@ ALLOWED = {
 }
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Resolves only the allow-listed globals and torch dtypes; everything else is refused."""
+class _MetadataUnpickler(PlainDataUnpickler):
+    """Resolves only the allow-listed globals and torch dtypes, and fills only fresh metadata records."""
 
     def find_class(self, module, name):
         if (module, name) in ALLOWED:
@@ -45,12 +47,21 @@ class _MetadataUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"global {module}.{name} is not part of DCP metadata")
 
+    def buildable(self) -> tuple:
+        """DCP's metadata records: the dataclasses a `.metadata` fills field by field."""
+        from torch.distributed.checkpoint import metadata as md
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+        return (md.Metadata, md.MetadataIndex, md.StorageMeta, md.TensorStorageMetadata, md.BytesStorageMetadata,
+                md.ChunkStorageMetadata, md.TensorProperties, _StorageInfo)
+
 
 def read_metadata_file(path):
     """The `Metadata` of a DCP `.metadata` file, refusing any pickle that is not plain DCP metadata."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata
 
+    check_regular(path, CheckpointError, "DCP metadata")
     try:
         with open(path, "rb") as f:
             md = _MetadataUnpickler(f).load()
@@ -76,6 +87,7 @@ def read_metadata_file(path):
         rel = PurePosixPath(info.relative_path)
         if len(rel.parts) != 1 or rel.name in ("", ".", "..") or "\\" in rel.name:
             raise CheckpointError(f"{path}: refused, a shard location {info.relative_path!r} points outside the checkpoint")
+        check_regular(Path(path).parent / rel.name, CheckpointError, "a DCP shard")
     return md
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 
-from dit_trainer.checkpoint.files import weights_only_refusal
+from dit_trainer.checkpoint.pt import weights_only_refusal
 from dit_trainer.errors import CheckpointError
 from dit_trainer.parallel.tp import fused_row_layouts, fused_rows_to_full_layout, fused_rows_to_tp_layout
 from dit_trainer.parallel.utils import full, is_dtensor
@@ -147,9 +147,23 @@ def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=Non
 
 def _safe_load(state: dict, path) -> None:
     """dcp.load of `state` from `path` through the restricted reader, failures as one line."""
+    from pathlib import Path
+
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from dit_trainer.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+    from dit_trainer.checkpoint.files import dtype_mismatch
+    from dit_trainer.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, read_metadata_file
+
+    # Read first, so a refused file is our one line, not torch's logged tracebacks of its fallbacks.
+    recorded = read_metadata_file(Path(path) / ".metadata").state_dict_metadata
+    for section in ("model", "ema"):
+        want = {f"{section}.{k}": v.dtype for k, v in (state.get(section) or {}).items() if isinstance(v, torch.Tensor)}
+        saved = {k: torch.empty(0, dtype=recorded[k].properties.dtype) for k in want
+                 if getattr(getattr(recorded.get(k), "properties", None), "dtype", None) is not None}
+        problem = dtype_mismatch(want, saved, exact=True)
+        if problem:  # DCP would cast into the run's tensors without a word
+            raise CheckpointError(f"{path}: {problem}; the checkpoint was changed or written by another tool, use "
+                                  "another checkpoint")
 
     try:
         # Never torch's own reader: it unpickles `.metadata` and byte items without restriction.

@@ -30,7 +30,7 @@ _RANGES = (
     ("train.max_steps", lambda v: v >= 0, "0 or more"),
     ("train.global_batch_size", lambda v: v > 0, "a positive integer"),
     ("train.grad_accum_steps", lambda v: v > 0, "a positive integer"),
-    ("train.seed", lambda v: v >= 0, "0 or more"),
+    ("train.seed", lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
     ("train.ema_decay", lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.9999"),
     ("train.activation_memory_budget", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.8; 1 keeps every activation"),
     ("checkpoint.save_steps", lambda v: v > 0, "a positive integer"),
@@ -65,6 +65,7 @@ _NAMES = {
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "eval.network": ("auto", "inception", "digits"),
+    "checkpoint.on_existing": ("refuse", "archive", "overwrite"),
 }
 
 # Names the code accepts besides the documented ones (diffusers' name of the cosine schedule).
@@ -103,6 +104,12 @@ def check_values(cfg) -> None:
     if cfg.objective not in ("auto", *list_objectives()):
         raise ConfigError(f"objective {cfg.objective!r} is not one of {'|'.join(['auto', *list_objectives()])}")
     check_device_name(cfg.train.device, "train.device")
+    if not str(cfg.output_dir).strip():
+        # Path("") is the current folder: the run would write its files among the user's own.
+        raise ConfigError("output_dir is empty; name the run's folder, e.g. --output_dir outputs/run")
+    if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
+        raise ConfigError(f"train.global_batch_size {cfg.train.global_batch_size} does not split into "
+                          f"train.grad_accum_steps {cfg.train.grad_accum_steps} micro-batches; pick a divisor of it")
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")

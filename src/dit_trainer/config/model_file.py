@@ -13,6 +13,7 @@ import yaml
 
 from dit_trainer.config.paddlemix_json import is_paddlemix_config, model_config_from_paddlemix
 from dit_trainer.errors import ConfigError
+from dit_trainer.fs import check_regular
 from dit_trainer.config.typed import yaml_problem
 
 EXPECTED = ("our config (a mapping with a model: section, or a bare model section with name:) or a PaddleMIX "
@@ -28,9 +29,16 @@ def is_model_file(value) -> bool:
 def read_mapping(path) -> dict:
     """The mapping a JSON or YAML file holds (JSON by suffix, for JSON's own error messages)."""
     p = Path(path)
+    check_regular(p, ConfigError, "a config file")
     if not p.is_file():
         raise ConfigError(f"config file {path} does not exist; pass a YAML or JSON file such as configs/demo_digits.yaml")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not text (byte {err.start} is not UTF-8); pass a YAML or JSON "
+                          "file such as configs/demo_digits.yaml") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read ({err.strerror or err})") from None
     try:
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except ValueError as err:  # json.JSONDecodeError

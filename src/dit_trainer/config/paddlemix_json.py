@@ -14,6 +14,7 @@ import json
 from pathlib import Path, PurePath
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.fs import check_regular
 from dit_trainer.models.dit.sizes import model_config
 from dit_trainer.models.large_dit.sizes import SIZES as LARGE_DIT_SIZES
 
@@ -91,6 +92,7 @@ def model_config_from_paddlemix(data, source="config") -> dict:
 def load_paddlemix_json(path) -> dict:
     """Read a PaddleMIX DiT JSON file into our model-config dict."""
     path = Path(path)
+    check_regular(path, ConfigError, "a model config")
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:

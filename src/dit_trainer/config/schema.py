@@ -84,11 +84,12 @@ class TrainConfig:
 @dataclass
 class CheckpointConfig:
     save_steps: int = 1000  # save a checkpoint every this many steps (and at the end)
-    save_total_limit: int = 3  # keep the newest this many checkpoints; 0 keeps all
+    save_total_limit: int = 3  # keep the newest this many checkpoints that verify; 0 keeps all
     resume: bool = True  # resume from the newest usable checkpoint in output_dir
-    resume_from: Optional[str] = None  # resume from this checkpoint folder or step number instead of the newest
+    resume_from: Optional[str] = None  # resume from this checkpoint folder or step number instead of the newest; newer ones move to checkpoints/abandoned-*
     sharded: bool = False  # torch.distributed.checkpoint instead of full safetensors
     on_existing: str = "refuse"  # resume false over an earlier run: refuse | archive (move aside) | overwrite
+    allow_new_seed: bool = False  # resume a checkpoint of another train.seed: the data order follows the new seed from the saved sample on
 
 
 @dataclass

@@ -51,6 +51,8 @@ def coerce(value: Any, tp, key: str):
     if tp in (int, float):
         if isinstance(value, bool):
             raise ConfigError(f"config key {key!r} needs a number, got {value!r}")
+        if tp is int and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value)  # exact: float() would round a 20-digit seed to another number
         try:
             num = float(value) if isinstance(value, str) else value
             if tp is int:

@@ -24,6 +24,21 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_paths(src, out) -> None:
+    """One-line errors before reading: OUT must be a folder (new or existing) apart from SRC; writing into
+    SRC, or SRC into OUT, would rewrite the source in place (a run folder gains stale root files)."""
+    from pathlib import Path
+
+    from dit_trainer.errors import ConfigError
+    from dit_trainer.fs import check_output_path
+
+    check_output_path(out, "OUT", ConfigError, folder=True)
+    a, b = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise ConfigError(f"OUT {out} {'is' if a == b else 'overlaps'} SRC {src}: converting would rewrite the source; "
+                          "pass a folder apart from it")
+
+
 SIZE_KEYS = ("depth", "hidden_size", "num_heads", "mlp_ratio", "dim", "n_layers", "n_heads", "n_kv_heads")
 
 
@@ -31,6 +46,7 @@ def run(args) -> int:
     """Convert and say what was written."""
     from dit_trainer.convert import convert
 
+    check_paths(args.src, args.out)
     out, bundle = convert(args.src_format, args.src, args.dst_format, args.out, model=args.model, vae=args.vae,
                           num_heads=args.num_heads, convention=args.timestep_convention)
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}

@@ -11,7 +11,9 @@ import pickle
 import numpy as np
 import torch
 
+from dit_trainer.checkpoint.unpickle import PlainDataUnpickler
 from dit_trainer.errors import CheckpointError, one_line
+from dit_trainer.fs import check_regular
 
 # The only globals a pickle of numpy arrays needs (numpy 1.x and 2.x module paths); `_codecs.encode`
 # is how protocol 2 stores the arrays' raw bytes.
@@ -24,11 +26,15 @@ _ALLOWED = {
 NAME_TABLE = "StructuredToParameterName@@"
 
 
-class _ArraysOnly(pickle.Unpickler):
+class _ArraysOnly(PlainDataUnpickler):
     def find_class(self, module, name):
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not a numpy array type")
+
+    def buildable(self) -> tuple:
+        """Arrays and their dtypes (numpy fills both through its own __setstate__)."""
+        return (np.ndarray, np.dtype)
 
 
 def is_linear_weight(name: str, array) -> bool:
@@ -62,6 +68,7 @@ def save_pdparams(sd: dict, path) -> None:
 
 def load_pdparams(path) -> dict:
     """A torch state dict from a `.pdparams`, refusing anything but a mapping of names to numeric arrays."""
+    check_regular(path, CheckpointError, "a .pdparams")
     try:
         with open(path, "rb") as f:
             obj = _ArraysOnly(io.BytesIO(f.read())).load()

@@ -14,6 +14,7 @@ import yaml
 from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.fs import check_regular
 from dit_trainer.config.model_file import is_model_file, load_model_file
 
 
@@ -23,6 +24,7 @@ def read_config(path) -> tuple:
     from dit_trainer.config import config_from_dict
 
     file = Path(path)
+    check_regular(file, ConfigError, "a run's config")
     if not file.is_file():
         raise ConfigError(f"{file} does not exist; a converted folder needs its config.yaml")
     data = yaml.safe_load(file.read_text()) or {}

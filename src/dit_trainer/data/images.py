@@ -13,6 +13,7 @@ import numpy as np
 from PIL import Image
 
 from dit_trainer.errors import DataError
+from dit_trainer.fs import check_regular, not_regular
 
 # torchvision's IMG_EXTENSIONS, so a folder that trains with torchvision's ImageFolder lists the same files.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -42,6 +43,8 @@ def _walk_images(folder: str, seen_dirs: set, seen_files: set) -> List[str]:
         for f in sorted(files):
             path = os.path.join(root, f)
             real = os.path.realpath(path)
+            if _is_image(f):
+                check_regular(path, DataError, "in an image folder")  # a FIFO would hang the reader
             if _is_image(f) and real not in seen_files:
                 seen_files.add(real)
                 found.append(path)
@@ -55,6 +58,9 @@ def list_image_folder(root) -> Tuple[List[str], np.ndarray, List[str]]:
         raise DataError(f"{root} is not a folder; pass a folder of images (one sub-folder per class)")
     entries = sorted(e for e in os.listdir(root) if not e.startswith("."))
     class_dirs = [e for e in entries if os.path.isdir(os.path.join(root, e))]
+    for e in entries:
+        if _is_image(e):
+            check_regular(os.path.join(root, e), DataError, "in an image folder")
     loose = [e for e in entries if os.path.isfile(os.path.join(root, e)) and _is_image(e)]
     if class_dirs and loose:
         # Either reading would silently drop or mislabel images, so make the user decide.
@@ -114,6 +120,8 @@ def center_crop_arr(image: Image.Image, image_size: int) -> np.ndarray:
 
 def load_image(path: str, image_size: int) -> np.ndarray:
     """The file at `path` as a center-cropped uint8 image_size×image_size×3 array; PIL errors propagate."""
+    if not_regular(path):
+        raise OSError(f"{path} is {not_regular(path)}, not an image file")
     with Image.open(path) as image:
         # DiT's ImageFolder loader converts before cropping; doing the same keeps pixels identical.
         return center_crop_arr(to_rgb(image), image_size)

@@ -17,6 +17,7 @@ import numpy as np
 
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
+from dit_trainer.fs import check_regular
 
 LABEL_FILE_NAMES = ("labels.json", "labels.npy", "labels.txt")
 
@@ -45,6 +46,7 @@ def _as_label(value, where: str) -> int:
 def read_labels_file(path: str, stems: Sequence[str]):
     """Labels for latent files named `stems` (in their sorted order) and class names or None."""
     ext = os.path.splitext(path)[1].lower()
+    check_regular(path, DataError, "a labels file")
     if not os.path.isfile(path):
         raise DataError(f"{path} does not exist; pass an existing labels file or none")
     try:

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dit_trainer.errors import ConfigError, DataError, one_line
+from dit_trainer.fs import check_regular
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
@@ -31,6 +32,7 @@ _PARALLEL_SCAN_MIN = 512
 
 def read_npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
     """Shape and dtype of a `.npy` file from its header; DataError if unreadable or truncated."""
+    check_regular(path, DataError, "a latent file")
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
@@ -209,6 +211,7 @@ class NpyLatentFolder(_LatentFiles):
 
 
 def _read_fastdit_label(path: str) -> int:
+    check_regular(path, DataError, "a label file")
     try:
         arr = np.load(path, allow_pickle=False)
     except FileNotFoundError:

@@ -3,7 +3,7 @@
 Each optimizer step consumes one global batch: the indices `perm[b*G:(b+1)*G]` of epoch `e`,
 where `perm` is a permutation seeded by (seed, e). A data-parallel rank takes its contiguous
 share of that batch, so any layout sees the same global batch as one process does, and the
-position (epoch, batch) is all that resuming needs.
+position (epoch, sample in the epoch) is all that resuming needs.
 """
 
 import torch
@@ -109,7 +109,11 @@ def config_with_data(config, dataset=None):
 
 
 class GlobalBatchSampler(Sampler):
-    """Yields, per step, this data-parallel rank's share of the global batch."""
+    """Yields, per step, this data-parallel rank's share of the global batch.
+
+    The position is kept in samples (`sample_in_epoch`), so a resume with another global batch
+    size continues at the sample the run stopped at instead of reusing a batch index.
+    """
 
     def __init__(self, dataset_len, global_batch_size, seed=0, dp_rank=0, dp_size=1, epoch=0, batch_in_epoch=0):
         if global_batch_size % dp_size:
@@ -120,25 +124,32 @@ class GlobalBatchSampler(Sampler):
         self.global_batch_size = global_batch_size
         self.local = global_batch_size // dp_size
         self.seed, self.dp_rank = seed, dp_rank
-        self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
+        self.epoch, self.sample_in_epoch = epoch, batch_in_epoch * global_batch_size
 
     @property
     def batches_per_epoch(self) -> int:
         return self.n // self.global_batch_size
 
+    @property
+    def batch_in_epoch(self) -> int:
+        """Global batches handed out in this epoch (counted in this run's batch size)."""
+        return self.sample_in_epoch // self.global_batch_size
+
     def __len__(self):
-        return self.batches_per_epoch - self.batch_in_epoch
+        return max(0, (self.n - self.sample_in_epoch) // self.global_batch_size)
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        # Seeds up to 2**63 stay within the 64 bits torch's generator takes.
+        g = torch.Generator().manual_seed((self.seed * 100003 + self.epoch) % 2**64)
         perm = torch.randperm(self.n, generator=g)
         start = self.dp_rank * self.local
-        for b in range(self.batch_in_epoch, self.batches_per_epoch):
-            batch = perm[b * self.global_batch_size : (b + 1) * self.global_batch_size]
+        for first in range(self.sample_in_epoch, self.n - self.global_batch_size + 1, self.global_batch_size):
+            batch = perm[first : first + self.global_batch_size]
             yield batch[start : start + self.local].tolist()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "sample_in_epoch": self.sample_in_epoch,
+                "global_batch_size": self.global_batch_size}
 
 
 class StepLoader:
@@ -171,10 +182,10 @@ class StepLoader:
             batch = next(self._it)
         except StopIteration:
             self.sampler.epoch += 1
-            self.sampler.batch_in_epoch = 0
+            self.sampler.sample_in_epoch = 0
             self._start_epoch()
             batch = next(self._it)
-        self.sampler.batch_in_epoch += 1
+        self.sampler.sample_in_epoch += self.sampler.global_batch_size
         return batch
 
     def state_dict(self) -> dict:
@@ -182,6 +193,12 @@ class StepLoader:
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue at the saved sample: positions of checkpoints written before they were kept in
+        samples count batches of `global_batch_size` (the saved run's, when the state says)."""
         self.sampler.epoch = int(state["epoch"])
-        self.sampler.batch_in_epoch = int(state["batch_in_epoch"])
+        if "sample_in_epoch" in state:
+            self.sampler.sample_in_epoch = int(state["sample_in_epoch"])
+        else:
+            saved = state.get("global_batch_size") or self.sampler.global_batch_size
+            self.sampler.sample_in_epoch = int(state["batch_in_epoch"]) * int(saved)
         self._it = None

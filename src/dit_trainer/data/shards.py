@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch
 from dit_trainer.errors import ConfigError, DataError, one_line
+from dit_trainer.fs import check_regular
 
 FORMAT = "dit-trainer-latent-shards"
 VERSION = 1
@@ -130,6 +131,7 @@ def read_manifest(path) -> Dict:
     """The manifest of a shard folder (or of the manifest file itself), checked for the required keys."""
     path = os.fspath(path)
     file = os.path.join(path, MANIFEST) if os.path.isdir(path) else path
+    check_regular(file, DataError, "a shard manifest")
     try:
         with open(file, encoding="utf-8") as f:
             manifest = json.load(f)
@@ -168,6 +170,16 @@ def check_manifest_values(file: str, m: Dict) -> None:
         raise DataError(f"{file}: latent_shape {shape!r} is not [C, H, W] of positive integers")
     if not _positive_int(m["num_classes"]):
         raise DataError(f"{file}: num_classes {m['num_classes']!r} is not a positive integer")
+    # These fill the run's config (data.image_size, ...), which would fail later with a traceback.
+    if m["image_size"] is not None and not _positive_int(m["image_size"]):
+        raise DataError(f"{file}: image_size {m['image_size']!r} is not a positive integer; re-run `dit extract`")
+    sf = m["scaling_factor"]
+    if sf is not None and (isinstance(sf, bool) or not isinstance(sf, (int, float)) or not 0 < sf < float("inf")):
+        raise DataError(f"{file}: scaling_factor {sf!r} is not a positive number; re-run `dit extract`")
+    if m["vae"] is not None and not isinstance(m["vae"], str):
+        raise DataError(f"{file}: vae {m['vae']!r} is not a VAE name or folder; re-run `dit extract`")
+    if not isinstance(m["flips"], bool):
+        raise DataError(f"{file}: flips {m['flips']!r} is not true or false; re-run `dit extract`")
     names = m["class_names"]
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         raise DataError(f"{file}: class_names is not a list of names")
@@ -243,6 +255,7 @@ class LatentShards(Dataset):
 
     def _load_labels(self, name: str, count: int) -> np.ndarray:
         path = os.path.join(self.root, f"{name}.labels.npy")
+        check_regular(path, DataError, "shard labels")
         try:
             labels = np.load(path, allow_pickle=False)
         except (OSError, *NPY_ERRORS) as err:
@@ -276,6 +289,7 @@ class LatentShards(Dataset):
         array = self._arrays.get(shard)
         if array is None:
             path = os.path.join(self.root, f"{self.names[shard]}.npy")
+            check_regular(path, DataError, "a shard")
             try:
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
             except (OSError, *NPY_ERRORS) as err:

@@ -10,6 +10,7 @@ import numpy as np
 from dit_trainer.data import shards as sh
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
+from dit_trainer.fs import not_regular
 
 # Rows checked for NaN/inf per read: bounds memory at ImageNet scale without per-row overhead.
 _SCAN_ROWS = 512
@@ -112,6 +113,8 @@ def _check_manifest(m: Dict, file: str) -> List[str]:
 def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> List[str]:
     problems = []
     path = os.path.join(root, f"{name}.npy")
+    if not_regular(path) or not_regular(os.path.join(root, f"{name}.labels.npy")):
+        return [f"{path} or its labels file is not a regular file (a FIFO or device); re-extract this shard"]
     try:
         data = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, *NPY_ERRORS) as err:

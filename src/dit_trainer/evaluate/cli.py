@@ -59,6 +59,19 @@ def run(args) -> int:
     """Run `dit eval` with parsed arguments."""
     from dit_trainer.evaluate.evaluator import evaluate, reference_from_images
 
+    for flag in ("batch_size", "pr_features", "image_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} is {value}; it must be 1 or more")
+    if args.workers < 0:
+        raise ConfigError(f"--workers is {args.workers}; it must be 0 or more")
+    from dit_trainer.fs import check_output_path
+
+    # Before minutes of feature extraction: a path that cannot be written would lose them.
+    if args.out:
+        check_output_path(args.out, "--out", ConfigError, suffixes=(".npz",))
+    if args.json:
+        check_output_path(args.json, "--json", ConfigError)
     keep_freed_memory_on(args.device)
     if args.ref_from_images and args.ref_from_latents:
         raise ConfigError("pass one of --ref-from-images and --ref-from-latents")

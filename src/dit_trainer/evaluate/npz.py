@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from dit_trainer.errors import DataError
+from dit_trainer.fs import check_regular
 
 IMAGES_KEY = "arr_0"
 
@@ -19,6 +20,7 @@ IMAGES_KEY = "arr_0"
 def npz_keys(path) -> list:
     """Names of the arrays in an .npz file."""
     path = Path(path)
+    check_regular(path, DataError, "an .npz")
     if not path.is_file():
         raise DataError(f"{path} not found")
     try:

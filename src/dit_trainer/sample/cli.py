@@ -113,6 +113,23 @@ def check_args(args) -> None:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and value < 1:
             raise ConfigError(f"{flag} is {value}; it must be 1 or more")
+    # Before minutes of sampling: a path PIL or np.savez cannot write would lose them all.
+    from dit_trainer.fs import check_output_path
+
+    if getattr(args, "out", None) is not None:
+        check_output_path(args.out, "--out", ConfigError, suffixes=image_suffixes())
+    if getattr(args, "npz", None) is not None:
+        check_output_path(args.npz, "--npz", ConfigError, suffixes=(".npz",))
+
+
+def image_suffixes() -> tuple:
+    """The file endings PIL can write an image as (.png first)."""
+    from PIL import Image
+
+    Image.init()
+    found = sorted(ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.SAVE)
+    common = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tiff")
+    return (*common, *[e for e in found if e not in common])
 
 
 def check_cfg_channels(args, model) -> None:

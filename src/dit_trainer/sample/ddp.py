@@ -48,15 +48,30 @@ def _dist():
     return ONE_PROCESS
 
 
-def _resolved(ckpt) -> str:
-    """The checkpoint `--ckpt` names, absolute; as given when there is none (opening it then says why on every rank)."""
+def _resolved(ckpt) -> tuple:
+    """(the checkpoint `--ckpt` names, absolute; the run folder it is the newest of, or None); `--ckpt`
+    as given when there is none (opening it then says why on every rank)."""
     from dit_trainer import checkpoint
     from dit_trainer.errors import CheckpointError
 
     try:
-        return str(checkpoint.open(ckpt).path)
+        reader = checkpoint.open(ckpt)
     except CheckpointError:
-        return ckpt
+        return ckpt, None
+    return str(reader.path), str(reader.run) if reader.run is not None else None
+
+
+def _open(found, flag):
+    """The reader of `found` (what `_resolved` gave rank 0), retrying on the run's newest when rotation removes it."""
+    from pathlib import Path
+
+    from dit_trainer import checkpoint
+    from dit_trainer.checkpoint.reader import CheckpointReader
+
+    path, run = found
+    if run is not None and Path(path).is_dir():
+        return CheckpointReader(folder=path, run=run)
+    return checkpoint.open(path, flag=flag)
 
 
 def run(args) -> int:
@@ -78,8 +93,13 @@ def run(args) -> int:
         torch.cuda.set_device(device)
     keep_freed_memory_on(device)
     # One checkpoint for every rank, even when the run saves a newer one while the ranks start.
-    reader = checkpoint.open(ranks.from_rank0(_resolved(args.ckpt) if ranks.rank == 0 else None), flag="--ckpt")
+    reader = _open(ranks.from_rank0(_resolved(args.ckpt) if ranks.rank == 0 else None), "--ckpt")
     sampling = prepare_sampling(args, reader, device, ranks.rank)
+    agreed = ranks.from_rank0(str(reader.path))
+    if str(reader.path) != agreed:
+        # Rotation removed the checkpoint between two ranks' reads: all take rank 0's (one model per batch).
+        reader = checkpoint.open(agreed, flag="--ckpt")
+        sampling = prepare_sampling(args, reader, device, ranks.rank)
     load_vae(args, sampling)
     # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
     share = rank_chunks(args.num_samples, args.batch_size, ranks.rank, ranks.world)

@@ -6,6 +6,9 @@ import math
 import warnings
 from pathlib import Path
 
+from dit_trainer.errors import DataError
+from dit_trainer.fs import check_regular
+
 
 class MetricsLogger:
     """Writes one JSON object per logged step; only the main process should own one."""
@@ -18,6 +21,7 @@ class MetricsLogger:
         self._wandb = None
         if not enabled:
             return
+        check_regular(self.path, DataError, "the run's metrics")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if wandb is not None:
             from dit_trainer.train.wandb_sink import WandbSink
@@ -81,6 +85,7 @@ class MetricsLogger:
 def _records(path) -> list[dict]:
     # A kill during a write leaves a half line: records that do not parse are dropped, not fatal.
     out = []
+    check_regular(path, DataError, "a metrics file")
     for line in Path(path).read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)

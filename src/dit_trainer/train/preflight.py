@@ -1,5 +1,5 @@
 """Checks before step 1 that would otherwise fail minutes into a run, with a step's checkpoint
-unwritten: the output folder can be written, and the sample grids can be decoded."""
+unwritten: the output folder is the run's own and can be written, and the sample grids can be decoded."""
 
 import importlib.util
 import os
@@ -24,6 +24,17 @@ def check_writable(output_dir) -> None:
     except OSError as err:
         raise CheckpointError(f"output_dir {output_dir} is not writable ({err.strerror or err}); "
                               "pick another output_dir or fix its permissions") from None
+
+
+def check_output_dir(output_dir) -> None:
+    """A one-line error when output_dir is the current folder or holds it: the run's config.yaml,
+    metrics.jsonl and checkpoints would land among (and over) the user's own files there."""
+    out, here = Path(output_dir).resolve(), Path.cwd().resolve()
+    if out == here or out in here.parents:
+        raise CheckpointError(
+            f"output_dir {output_dir} is the current folder{'' if out == here else ' or holds it'}: the run would "
+            "write config.yaml, metrics.jsonl and checkpoints/ among your own files; pass a folder of its own, "
+            "e.g. --output_dir outputs/run")
 
 
 def check_grid_vae(cfg) -> None:

@@ -1,7 +1,10 @@
 """What `dit train` does with what is already in `output_dir`.
 
-Resuming takes the newest checkpoint that passes its manifest's checksums, loads, and holds only
-finite weights; each one skipped is named in a warning together with the one used instead.
+Resuming takes the newest checkpoint that passes its manifest's checksums, is of this model,
+loads, holds only finite weights and a sane trainer state; each one skipped is named in a warning
+together with the one used instead. `checkpoint.resume_from` is checked alike (a failure is an
+error: it was asked for by name). The checkpoints newer than the one resumed from move aside into
+`checkpoints/abandoned-TIME/`, so the next rerun continues this branch and nothing is deleted.
 Starting fresh (`checkpoint.resume false`) over an old run is refused unless
 `checkpoint.on_existing` says to archive the old run or overwrite it, so two runs never share
 checkpoint rotation or `metrics.jsonl`. Optimizer values the user changed in the config since the
@@ -15,10 +18,10 @@ import warnings
 from pathlib import Path
 
 from dit_trainer.checkpoint import files as ckpt
-from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.errors import CheckpointError
 from dit_trainer.parallel.utils import any_rank, barrier, from_main
+from dit_trainer.train.run_lock import LOCK_NAME
 
-ON_EXISTING = ("refuse", "archive", "overwrite")
 # What a run writes into output_dir; `overwrite` removes exactly these.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "samples", "config.yaml")
 
@@ -43,9 +46,7 @@ def has_run(output_dir) -> bool:
 
 def prepare_fresh_start(cfg, is_main: bool) -> None:
     """`checkpoint.resume false`: refuse, archive or overwrite an earlier run in output_dir."""
-    policy = cfg.checkpoint.on_existing
-    if policy not in ON_EXISTING:
-        raise ConfigError(f"checkpoint.on_existing {policy!r} is not one of {', '.join(ON_EXISTING)}")
+    policy = cfg.checkpoint.on_existing  # one of refuse, archive, overwrite (config/checks.py)
     out = Path(cfg.output_dir)
     if not from_main(has_run(out)):
         return
@@ -58,11 +59,16 @@ def prepare_fresh_start(cfg, is_main: bool) -> None:
             "--checkpoint.on_existing overwrite to delete it, or another output_dir")
     if is_main:
         if policy == "archive":
+            out = out.resolve()  # `runs/x/` or `x/..` name the folder too
             dest = out.with_name(f"{out.name}.archived-{time.strftime('%Y%m%d-%H%M%S')}")
             n = 1
             while dest.exists():
                 dest, n = dest.with_name(f"{dest.name.split('~')[0]}~{n}"), n + 1
-            out.rename(dest)
+            dest.mkdir()
+            # Everything but the lock this run holds, which must stay where a second run looks for it.
+            for child in out.iterdir():
+                if child.name != LOCK_NAME:
+                    child.rename(dest / child.name)
             print(f"moved the earlier run in {out} to {dest}", file=sys.stderr)
         else:
             for name in RUN_FILES:
@@ -75,31 +81,80 @@ def prepare_fresh_start(cfg, is_main: bool) -> None:
     barrier()
 
 
-def resume_latest(checkpointer, output_dir, is_main: bool, device):
-    """Load the newest usable checkpoint of output_dir into `checkpointer`'s model, EMA and optimizer;
-    returns (its path, its trainer state), or (None, None) when there is none."""
+# A step past this is no count a run reaches: the trainer state was forged or damaged.
+MAX_STEP = 10**12
+
+
+def state_problem(state, path):
+    """Why a loaded trainer state cannot be resumed from (a damaged or forged one), or None: its step
+    must be a count from 0, the one its `step-XXXXXXXX` folder names."""
+    step = state.get("step") if isinstance(state, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        return f"{path}/trainer_state.pt holds step {step!r}, not a step count: the checkpoint is damaged"
+    if ckpt.CKPT_RE.match(path.name) and ckpt.step_of(path) != step:
+        return f"{path}/trainer_state.pt holds step {step}, not the {ckpt.step_of(path)} its folder names: the checkpoint is damaged"
+    return None
+
+
+def try_checkpoint(checkpointer, path, cfg, is_main: bool, device, apply):
+    """Verify and load checkpoint `path` as every resume does: the manifest's checksums (rank 0), the same
+    model and objective (a ConfigError: another model is no fallback), a load, finite weights and a sane
+    trainer state, which `apply(state)` restores. Returns (trainer state, None), or (None, why it cannot be used)."""
+    from dit_trainer.train.resume_checks import check_same_model
+
+    problem = state = None
+    if is_main:
+        try:
+            ckpt.verify_checkpoint(path)
+        except CheckpointError as err:
+            problem = str(err)
+    problem = from_main(problem)
+    if problem is not None:
+        return None, problem
+    saved = check_same_model(cfg, path)
+    try:
+        state = checkpointer.load(path)
+        error = state_problem(state, path)
+        data = state.get("data")
+        if error is None and isinstance(data, dict) and "global_batch_size" not in data:
+            # Written before positions were kept in samples: the batch index counts batches of the saved size.
+            data["global_batch_size"] = ((saved or {}).get("train") or {}).get("global_batch_size")
+        if error is None:
+            apply(state)
+    except CheckpointError as err:
+        error = str(err)
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+        error = f"{path}/trainer_state.pt holds no usable trainer state ({type(err).__name__}): the checkpoint is damaged"
+    if any_rank(error is not None or not checkpointer.weights_finite(), device):
+        return None, error or f"{path} holds non-finite weights"
+    return state, None
+
+
+def _resumed(checkpointer, output_dir, path, state, is_main: bool) -> None:
+    """After a load: rotation keeps `path`, and the checkpoints newer than it move aside (a branch)."""
+    checkpointer.mark_good(path)
+    if is_main:
+        moved = ckpt.move_aside_newer(output_dir, int(state["step"]))
+        if moved is not None:
+            names = ", ".join(sorted(p.name for p in moved.iterdir() if ckpt.CKPT_RE.match(p.name)))
+            warn(f"moved the checkpoints newer than step {state['step']} ({names}) to {moved}: this run continues "
+                 f"from {path.name}, and so will the next rerun")
+    barrier()
+
+
+def resume_latest(checkpointer, cfg, is_main: bool, device, apply):
+    """Load the newest usable checkpoint of output_dir into `checkpointer`'s model, EMA and optimizer and
+    `apply` its trainer state; returns its path, or None when there is none."""
+    output_dir = cfg.output_dir
     candidates = ckpt.list_checkpoints(output_dir)
     skipped = []
     for path in reversed(candidates):
-        problem = state = None
-        if is_main:
-            try:
-                ckpt.verify_checkpoint(path)
-            except CheckpointError as err:
-                problem = str(err)
-        problem = from_main(problem)
-        if problem is None:
-            try:
-                state = checkpointer.load(path)
-                error = None
-            except CheckpointError as err:
-                error = str(err)
-            if any_rank(error is not None or not checkpointer.weights_finite(), device):
-                problem = error or f"{path} holds non-finite weights"
+        state, problem = try_checkpoint(checkpointer, path, cfg, is_main, device, apply)
         if problem is None:
             if skipped and is_main:
                 warn(f"resuming from {path} instead of the newer {', '.join(p.name for p, _ in skipped)}")
-            return path, state
+            _resumed(checkpointer, output_dir, path, state, is_main)
+            return path
         skipped.append((path, problem))
         if is_main:
             warn(f"skipping checkpoint {path.name}: {problem}")
@@ -108,7 +163,17 @@ def resume_latest(checkpointer, output_dir, is_main: bool, device):
             f"no usable checkpoint in {ckpt.checkpoint_root(output_dir)} (all {len(skipped)} failed; "
             f"the newest: {skipped[0][1]}); move them aside or start over with --checkpoint.resume false "
             "--checkpoint.on_existing archive")
-    return None, None
+    return None
+
+
+def resume_from(checkpointer, cfg, path, is_main: bool, device, apply) -> None:
+    """Load `checkpoint.resume_from` (folder `path`) and `apply` its trainer state, checked as plain resume
+    checks; a checkpoint that fails is a one-line error (it was asked for by name)."""
+    state, problem = try_checkpoint(checkpointer, path, cfg, is_main, device, apply)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint.resume_from {path}: {problem}; pass another checkpoint "
+                              "(nothing was changed in output_dir)")
+    _resumed(checkpointer, cfg.output_dir, path, state, is_main)
 
 
 def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> None:
@@ -119,10 +184,18 @@ def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> N
     if not saved.is_file():
         return
     try:
-        old = load_config(str(saved)).optim
+        old_cfg = load_config(str(saved))
     except Exception:  # a config of an older version: nothing to compare against
         return
-    new = cfg.optim
+    if is_main and old_cfg.train.global_batch_size != cfg.train.global_batch_size:
+        print(f"resuming {path.name} with train.global_batch_size {old_cfg.train.global_batch_size} -> "
+              f"{cfg.train.global_batch_size}: the data continues at the sample the run stopped at; the step count, "
+              "learning-rate schedule and save steps go on counting steps", file=sys.stderr)
+    if is_main and old_cfg.train.seed != cfg.train.seed:
+        print(f"resuming {path.name} with train.seed {old_cfg.train.seed} -> {cfg.train.seed} "
+              "(checkpoint.allow_new_seed): the data order follows the new seed from the saved sample on",
+              file=sys.stderr)
+    old, new = old_cfg.optim, cfg.optim
     changed = [f"optim.{k} {getattr(old, k)} -> {getattr(new, k)}"
                for k in ("lr", "beta1", "beta2", "weight_decay", "eps", "warmup_steps", "max_grad_norm")
                if getattr(old, k) != getattr(new, k)]

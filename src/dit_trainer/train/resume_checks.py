@@ -5,6 +5,7 @@ from pathlib import Path
 import yaml
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.fs import check_regular
 
 # What decides the weights' shapes: a checkpoint of another model cannot be resumed into this one.
 _MODEL_KEYS = ("name", "input_size", "in_channels", "num_classes", "learn_sigma")
@@ -35,17 +36,20 @@ def resolve_resume_from(cfg) -> Path:
     return path
 
 
-def check_same_model(cfg, path) -> None:
-    """A one-line error when checkpoint `path` holds another model than `cfg` builds, or one
-    trained with another objective (what its output means)."""
+def check_same_model(cfg, path):
+    """A one-line error when checkpoint `path` holds another model than `cfg` builds, one trained with
+    another objective (what its output means), or with another seed (its data order); returns the
+    checkpoint's config as a dict (None when it has none to read)."""
     saved = Path(path) / "config.yaml"
     try:
+        check_regular(saved, ConfigError)
         config = yaml.safe_load(saved.read_text()) or {}
         old = config.get("model") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
-        return  # an incomplete checkpoint is the loader's to judge; this check needs the config
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return None  # an incomplete checkpoint is the loader's to judge; this check needs the config
     new = cfg.to_dict()["model"]
     _check_same_objective(cfg, path, config)
+    _check_same_seed(cfg, path, config)
     keys = [*_MODEL_KEYS, *sorted(set(old) & set(new) - set(_MODEL_KEYS) - {"class_dropout_prob", "weights_path"})]
     norm = lambda k, v: str(v).lower() if k == "name" else v  # noqa: E731 (model names are case-insensitive)
     differ = [k for k in keys if k in old and norm(k, old.get(k)) != norm(k, new.get(k))]
@@ -56,6 +60,19 @@ def check_same_model(cfg, path) -> None:
             f"{path} holds another model ({was}) than this run builds ({now}); pass another output_dir, or "
             f"--checkpoint.resume false --checkpoint.on_existing archive to start over"
         )
+    return config
+
+
+def _check_same_seed(cfg, path, saved: dict) -> None:
+    """A one-line error when `train.seed` changed since `path`: the seed orders the data, so the rest of
+    the epoch would repeat some samples and skip others, unless `checkpoint.allow_new_seed` says so."""
+    old = (saved.get("train") or {}).get("seed", 0)
+    if old == cfg.train.seed or cfg.checkpoint.allow_new_seed:
+        return
+    raise ConfigError(
+        f"{path} was trained with train.seed {old} but this run sets {cfg.train.seed}; the seed orders the data, so "
+        f"set train.seed {old} to continue it, or pass --checkpoint.allow_new_seed true to continue with the new "
+        "order from the saved sample on (the rest of this epoch then repeats some samples and skips others)")
 
 
 def _check_same_objective(cfg, path, saved: dict) -> None:

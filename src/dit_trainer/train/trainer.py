@@ -17,10 +17,12 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.checkpoint.checkpointer import Checkpointer
+from dit_trainer.checkpoint.files import remove_stale_tmp
 from dit_trainer.config import backend_of, config_yaml, save_config
 from dit_trainer.data.loader import config_with_data
 from dit_trainer.devices import enable_tf32, resolve_device
-from dit_trainer.errors import ConfigError, DataError
+from dit_trainer.errors import CheckpointError, ConfigError, DataError
+from dit_trainer.fs import write_error_text
 from dit_trainer.host_memory import keep_freed_memory_on
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
@@ -31,6 +33,7 @@ from dit_trainer.train import preflight, resume, resume_checks
 from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
+from dit_trainer.train.run_lock import RunLock
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
 
@@ -114,10 +117,12 @@ class DiTTrainer:
         if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler != "uniform" and cfg.objective == "diffusion":
             # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
             raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
+        local = dims.local_batch_size(cfg.train.global_batch_size)
+        if local % cfg.train.grad_accum_steps:  # checked before the run folder is touched
+            raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {cfg.train.grad_accum_steps}")
         if dims.pp_enabled:
             if cfg.train.grad_accum_steps > 1:
                 raise ConfigError("train.grad_accum_steps > 1 with parallel.pp > 1: raise parallel.pp_microbatches instead")
-            local = dims.local_batch_size(cfg.train.global_batch_size)
             if local % cfg.parallel.pp_microbatches:
                 raise ConfigError(f"the per-rank batch {local} does not split into parallel.pp_microbatches "
                                   f"{cfg.parallel.pp_microbatches}; pick a divisor of {local}")
@@ -148,10 +153,9 @@ class DiTTrainer:
         return clip(list(self.model.parameters()), max_norm, pp_group=pp_group)
 
     def _kept_checkpoint(self) -> str:
-        from dit_trainer.checkpoint import latest_checkpoint
-
-        last = latest_checkpoint(self.cfg.output_dir)
-        return f"{last} is intact" if last else "no checkpoint was written yet"
+        # Only a checkpoint this run wrote or verified is called intact (not merely the newest folder).
+        last = self.checkpointer.last_good
+        return f"{last} is intact" if last else "no checkpoint was written or verified yet"
 
     @property
     def diffusion(self):
@@ -274,29 +278,22 @@ class DiTTrainer:
 
     def maybe_resume(self):
         """Load `checkpoint.resume_from`, else the newest usable checkpoint of `output_dir` when
-        resuming is on; returns its path or None.
+        resuming is on (both verified alike; newer checkpoints move aside); returns its path or None.
 
         With resuming off, an earlier run in `output_dir` is refused, archived or overwritten
         (`checkpoint.on_existing`). A checkpoint of another model is refused with a one-line error.
         """
-        from dit_trainer.checkpoint import latest_checkpoint
-
         cfg, main = self.cfg, self.dims.is_main
         if cfg.checkpoint.resume_from:
             path = resume_checks.resolve_resume_from(cfg)
-            resume_checks.check_same_model(cfg, path)
-            self.load_checkpoint(path)
+            resume.resume_from(self.checkpointer, cfg, path, main, self.device, self.load_trainer_state)
         elif not cfg.checkpoint.resume:
             resume.prepare_fresh_start(cfg, main)
             return None
         else:
-            latest = latest_checkpoint(cfg.output_dir)
-            if latest is not None:
-                resume_checks.check_same_model(cfg, latest)
-            path, state = resume.resume_latest(self.checkpointer, cfg.output_dir, main, self.device)
+            path = resume.resume_latest(self.checkpointer, cfg, main, self.device, self.load_trainer_state)
             if path is None:
                 return None
-            self.load_trainer_state(state)
         resume.apply_config_changes(cfg, self.optimizer, self.lr_scheduler, path, main)
         return path
 
@@ -321,8 +318,13 @@ class DiTTrainer:
     def train(self) -> dict:
         """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
         self._stop, self.update.stop_requested = None, False
-        with StopSignals(self.request_stop):
-            return self._train()
+        with StopSignals(self.request_stop), RunLock(self.cfg.output_dir, self.dims.is_main):
+            try:
+                return self._train()
+            except OSError as err:
+                # A full disk or failing mount under metrics, TensorBoard, grids or config.yaml: one line.
+                raise CheckpointError(f"{write_error_text(self.cfg.output_dir, err)}; free space or fix the "
+                                      f"mount ({self._kept_checkpoint()})") from None
 
     def _train(self) -> dict:
         from tqdm.auto import tqdm
@@ -341,7 +343,7 @@ class DiTTrainer:
                       f"{cfg.train.max_steps}; raise {self.max_steps_flag} to train further")
             return {}
         if main:
-            preflight.check_writable(cfg.output_dir)
+            remove_stale_tmp(cfg.output_dir)  # a killed save's; no other writer can hold one (the lock)
             if resumed is not None:
                 print(f"resuming from step {self.step} ({resumed})")
             save_config(cfg, preflight.make_dir(cfg.output_dir) / "config.yaml")
