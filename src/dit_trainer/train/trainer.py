@@ -260,7 +260,15 @@ class DiTTrainer:
         """Write model, EMA, optimizer and trainer state for the current step (all ranks call it)."""
         # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
         self.update.read_pending()
+        self._flush_loader()
         return self.checkpointer.save(self.step, self.trainer_state(), config_yaml(self.cfg))
+
+    def _flush_loader(self) -> None:
+        # An image folder's loader keeps freshly encoded latents in memory; written now, a resume or
+        # the next run finds them in the cache.
+        flush = getattr(self.loader, "flush", None)
+        if flush is not None:
+            flush()
 
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
@@ -303,6 +311,7 @@ class DiTTrainer:
     def build_loader(self):
         """The endless per-rank loader of global-batch shares."""
         from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
+        from dit_trainer.data.online.encoder import encoder_for
 
         cfg = self.cfg
         if self.dataset is None:
@@ -314,7 +323,10 @@ class DiTTrainer:
                             "(input_size is the image size / 8) or re-extract the data")
         sampler = GlobalBatchSampler(len(self.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
                                      dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size)
-        return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
+        # An image folder's VAE encodes on this device what its latent cache lacks.
+        stage = encoder_for(self.dataset, self.device, self.dims, progress=self.is_main and cfg.logging.progress)
+        return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda",
+                          stage=stage)
 
     def train(self) -> dict:
         """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
@@ -394,6 +406,7 @@ class DiTTrainer:
                 break
         bar.close()
         logger.close()
+        self._flush_loader()
         if main and self.skipped_steps:
             # Skipping is what was asked for (exit 0), but a run that learnt from few steps should say so.
             print(f"warning: {self.skipped_steps} of {self.step} steps were skipped for a non-finite loss or grad "
