@@ -10,9 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
-from trainer_helpers import tiny_config
+from trainer_helpers import save_tiny_vae, tiny_config, write_images
 
 pytest.importorskip("diffusers")
 
@@ -25,27 +24,6 @@ from dit_trainer.errors import DataError  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
 SIZE, STEPS, BATCH = 16, 8, 4  # 12 images: 3 batches an epoch, so 8 steps cross two epoch ends
-
-
-def save_tiny_vae(folder):
-    """A random 2-level AutoencoderKL (latents 4×8×8 at 16 px)."""
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-                  up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
-                  norm_num_groups=8, sample_size=32).save_pretrained(folder)
-    return str(folder)
-
-
-def write_images(root, classes=3, per_class=4, seed=0):
-    """RGB images of several sizes in `classes` class folders."""
-    rng = np.random.default_rng(seed)
-    for c in range(classes):
-        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 256, (16 + 5 * i, 20 + c, 3), dtype=np.uint8)).save(root / f"c{c}" / f"{i}.png")
-    return str(root)
 
 
 @pytest.fixture(scope="module")

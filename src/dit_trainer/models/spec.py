@@ -23,7 +23,8 @@ class ModelSpec:
     `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
     plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
     `state_dict_adapter` maps weights to and from released checkpoints; `flops_fn(model)` gives
-    the training FLOPs of one image (for MFU); `objective` is what `objective: auto` trains it with.
+    the training FLOPs of one image (for MFU); `objective` is what `objective: auto` trains it with;
+    `weights_shape_fn` reads the model keys off a state dict, `label_embedding` names the class table.
     """
 
     name: str
@@ -36,6 +37,10 @@ class ModelSpec:
     state_dict_adapter: Optional[Any] = None
     flops_fn: Optional[Callable] = None  # model -> training FLOPs per image (forward + backward), for MFU
     objective: str = "diffusion"  # the objective its releases were trained with (`objective: auto`)
+    # (state_dict in our names, model.name or None, the family options set, source) -> the model keys
+    # those weights need: what `model.weights_path` fills in (see train/pretrained.py)
+    weights_shape_fn: Optional[Callable] = None
+    label_embedding: str = "y_embedder.embedding_table.weight"  # the table a new class count starts anew
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""

@@ -30,6 +30,7 @@ from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.train import preflight, resume, resume_checks
 from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.forward_backward import ForwardBackward
+from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
 
@@ -43,7 +44,9 @@ class DiTTrainer:
         if backend_of(config) != "torch":
             raise ConfigError("DiTTrainer is the torch engine; for backend mindspore use dit_trainer.build_trainer(config) "
                               "or `dit train`, which pick the engine the config names")
-        self.cfg, self.dataset = config_with_data(config, dataset)
+        # The weights of model.weights_path give the model's shape first, then the data fills the rest.
+        pretrained = PretrainedShapes()
+        self.cfg, self.dataset = config_with_data(config, dataset, first=pretrained)
         cfg = self.cfg
         self.device = resolve_device(cfg.train.device)
         self.dims = init_distributed(cfg.parallel, self.device)
@@ -61,9 +64,7 @@ class DiTTrainer:
         self.spec = get_spec(cfg.model.name)
         model = self.spec.build_model_fn(cfg)
         if cfg.model.weights_path:
-            from dit_trainer.checkpoint import load_into, load_weights
-
-            load_into(model, self.spec.from_released(load_weights(cfg.model.weights_path)), cfg.model.weights_path)
+            load_pretrained(model, self.spec, pretrained.state_dict, cfg.model.weights_path, log=self.is_main)
         model.to(self.device)
         # Counted on the whole model, before parallelism splits its weights.
         self.flops_per_image = self.spec.flops_fn(model) if self.spec.flops_fn else None
