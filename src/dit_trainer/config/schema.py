@@ -19,12 +19,12 @@ class ModelConfig:
     and are typed and checked against the family's config dataclass (`ModelSpec.config_cls`)."""
 
     name: str = "DiT-S/2"  # registered model name, e.g. DiT-XL/2 (any case)
-    input_size: int = 32  # latent (or pixel) side; taken from the data when not set
-    in_channels: int = 4  # latent (or pixel) channels; taken from the data when not set
-    num_classes: int = 1000  # class labels 0..num_classes-1; taken from the data when not set
+    input_size: int = 32  # latent (or pixel) side; taken from the weights, else the data, when not set
+    in_channels: int = 4  # latent (or pixel) channels; taken from the weights, else the data, when not set
+    num_classes: int = 1000  # class labels 0..num_classes-1; taken from the weights, else the data, when not set
     learn_sigma: bool = True  # also predict the variance (the DiT release does)
     class_dropout_prob: float = 0.1  # share of labels dropped for classifier-free guidance, in [0, 1)
-    weights_path: Optional[str] = None  # start from weights: our checkpoint dir, an original DiT .pt, or .safetensors
+    weights_path: Optional[str] = None  # start from weights (our run or checkpoint dir, a DiT/SiT/Large-DiT release file, .safetensors); they give the model's shape, and another num_classes starts only the label embedding anew
     config_file: Optional[str] = None  # model from a PaddleMIX DiT JSON or our model YAML/JSON; keys set beside it win
     options: dict = field(default_factory=dict)
 

@@ -171,3 +171,22 @@ def build_kwargs(cfg, config_cls) -> tuple[dict, Any]:
     names = {f.name for f in dataclasses.fields(config_cls)}
     family = build_dataclass(config_cls, {k: v for k, v in section.items() if k in names}, prefix="model.")
     return shared, family
+
+
+def options_from_weights(want: dict, implied: dict, options: dict, source, name=None, fits: str = "") -> dict:
+    """The family options a model needs for weights of shape `want` (option -> value), where the name
+    alone implies `implied`; a value the user set in `options`, or the model.name `name` they set,
+    that the weights contradict is a one-line ConfigError (`fits`: the model the tensors make)."""
+    out = {}
+    for key, value in want.items():
+        user = options.get(key)
+        if user is not None and user != value:
+            raise ConfigError(f"model.{key} is {user} but {source} holds {value}; leave model.{key} out "
+                              "(the weights decide it)")
+        if user is None and implied.get(key) != value:
+            if name is not None:  # the name the user set stands for its size's value
+                raise ConfigError(f"model.name {name} does not fit {source}: its {key} is {implied.get(key)}, the "
+                                  f"tensors' {value}{f' (a {fits})' if fits else ''}; leave model.name out (the weights decide it) or set "
+                                  f"model.{key} {value} beside it")
+            out[key] = value
+    return out

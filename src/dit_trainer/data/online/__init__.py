@@ -78,6 +78,7 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
         from dit_trainer.data.shards import LatentShards
 
         _say(f"latent cache {folder}: complete, read as shards (the VAE is not loaded)")
+        lc.remove_pieces(folder)  # left by a run killed between the manifest and the clean-up
         dataset = LatentShards(folder, random_flip=random_flip, seed=seed)
         dataset.source = f"the image folder {path}"
         return dataset

@@ -6,6 +6,7 @@ import re
 
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.models.dit.sizes import SIZES, dit_name, release_size
+from dit_trainer.models.spec import options_from_weights
 
 _NAME = re.compile(r"^(\w+)-(S|B|L|XL)/(\d+)$", re.IGNORECASE)
 
@@ -67,16 +68,5 @@ def weights_shape(sd: dict, name, options: dict, source="weights") -> dict:
                           "leave model.name out (the weights decide it) or set it to that")
     base = dict(zip(("depth", "hidden_size", "num_heads"), SIZES[size]), mlp_ratio=4.0)
     want = {"depth": depth, "hidden_size": hidden, "num_heads": heads, "mlp_ratio": shape["mlp_ratio"]}
-    out = {"name": name, **{k: shape[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma")}}
-    for key, value in want.items():
-        user = options.get(key)
-        if user is not None and user != value:
-            raise ConfigError(f"model.{key} is {user} but {source} holds {value}; leave model.{key} out "
-                              "(the weights decide it)")
-        if user is None and base[key] != value:
-            if given:  # the name the user set stands for its size's value
-                raise ConfigError(f"model.name {name} does not fit {source}: its {key} is {base[key]}, the tensors' "
-                                  f"{value} (a {what}); leave model.name out (the weights decide it) or set "
-                                  f"model.{key} {value} beside it")
-            out[key] = value
-    return out
+    shared = {k: shape[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma")}
+    return {"name": name, **shared, **options_from_weights(want, base, options, source, name if given else None, what)}

@@ -3,6 +3,7 @@ are rotary, so no tensor holds the input size: the data gives it. Torch-free: it
 
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.models.large_dit.sizes import SIZES, swiglu_hidden
+from dit_trainer.models.spec import options_from_weights
 
 _NEED = ("x_embedder.weight", "final_layer.linear.weight", "y_embedder.embedding_table.weight",
          "layers.0.attention.wk.weight", "layers.0.feed_forward.w1.weight")
@@ -40,7 +41,8 @@ def weights_shape(sd: dict, name, options: dict, source="weights") -> dict:
         raise ConfigError(f"{source}: its SwiGLU is {hidden} wide, which model.multiple_of {rounding[0]} and "
                           f"model.ffn_dim_multiplier {multiplier} do not give; set them as trained")
     want["multiple_of"] = multiple_of
-    if name is None:
+    given = name is not None
+    if not given:
         name = f"LargeDiT-{size or next(iter(SIZES))}/2"
     base_size = next((s for s in SIZES if f"-{s}/" in str(name) or f"_{s}_" in str(name)), None)
     if released and base_size != released:
@@ -50,11 +52,4 @@ def weights_shape(sd: dict, name, options: dict, source="weights") -> dict:
                 qk_norm=False, multiple_of=256)
     found = {"name": name, "in_channels": channels, "num_classes": int(sd["y_embedder.embedding_table.weight"].shape[0]) - 1,
              "learn_sigma": out == 2 * channels}
-    for key, value in want.items():
-        user = options.get(key)
-        if user is not None and user != value:
-            raise ConfigError(f"model.{key} is {user} but {source} holds {value}; leave model.{key} out "
-                              "(the weights decide it)")
-        if user is None and base[key] != value:
-            found[key] = value
-    return found
+    return {**found, **options_from_weights(want, base, options, source, name if given else None)}
