@@ -86,7 +86,12 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
     from dit_trainer.data.vae import latent_shape, load_vae, scaling
 
     known = lc.read_plan(folder)
-    model = load_vae(name, "fp32", "cpu")
+    if known is not None and known.get("key") != plan["key"]:
+        raise DataError(f"{folder} holds the latent cache of other images or another VAE (its {lc.PLAN} says so); "
+                        "delete that folder")
+    # Loaded in its compute dtype (a later cast warns and may skip modules kept in fp32), on the CPU
+    # until the trainer's encoder moves it beside the model.
+    model = load_vae(name, dtype, "cpu")
     sf, shift = scaling(model)
     plan = {**plan, "latent_shape": list(latent_shape(model, int(image_size))), "scaling_factor": sf,
             "shift_factor": shift}

@@ -52,10 +52,9 @@ class CacheEncoder:
     collate_fn = staticmethod(keep_batch)
 
     def __init__(self, dataset, device, writes: bool = True, progress: bool = True):
-        from dit_trainer.data.vae import resolve_dtype, scaling
+        from dit_trainer.data.vae import scaling
 
         self.dataset, self.device, self.writes = dataset, torch.device(device), writes
-        self.dtype = resolve_dtype(dataset.plan["vae_dtype"])
         self.vae = None
         self.scale = scaling(dataset.vae) if dataset.vae is not None else None
         self.writer = lc.PieceWriter(dataset.root)
@@ -72,7 +71,7 @@ class CacheEncoder:
             if self.dataset.vae is None:
                 raise DataError(f"the latent cache {self.dataset.root} needs its VAE {self.dataset.plan['vae']} "
                                 "to encode; it was not loaded")
-            self.vae = self.dataset.vae.to(device=self.device, dtype=self.dtype)
+            self.vae = self.dataset.vae.to(self.device)  # loaded in data.vae_dtype already
         return self.vae
 
     def encode(self, images: np.ndarray, index: np.ndarray) -> np.ndarray:
