@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from trainer_helpers import save_tiny_vae
 
 pytest.importorskip("diffusers")
 
@@ -17,17 +18,6 @@ from dit_trainer.data.shards import read_manifest  # noqa: E402
 from dit_trainer.data.tools import verify  # noqa: E402
 
 pytestmark = pytest.mark.distributed
-
-
-def save_tiny_vae(folder):
-    """A random 2-level AutoencoderKL saved with save_pretrained."""
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-                  up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
-                  norm_num_groups=8, sample_size=32).save_pretrained(folder)
-    return str(folder)
 
 
 def write_images(root, per_class=5):

@@ -152,13 +152,13 @@ def test_weights_path_loads_checkpoint_pt_and_safetensors(tmp_path):
 
 
 def test_weights_path_mismatch_is_one_line(tmp_path):
-    from dit_trainer.errors import CheckpointError
+    from dit_trainer.errors import ConfigError
 
     source = DiTTrainer(tiny_config(tmp_path / "src"))
     torch.save(source.model.state_dict(), tmp_path / "w.pt")
-    with pytest.raises(CheckpointError) as err:
-        DiTTrainer(tiny_config(tmp_path / "dst", model={"weights_path": str(tmp_path / "w.pt"), "num_classes": 7}))
-    assert "w.pt" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        DiTTrainer(tiny_config(tmp_path / "dst", model={"weights_path": str(tmp_path / "w.pt"), "input_size": 16}))
+    assert "w.pt" in str(err.value) and "model.input_size is 16" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_global_batch_must_fit_dataset(tmp_path):

@@ -43,3 +43,27 @@ def run_config(tmp_path, steps, keep=2, **sections):
     sections.setdefault("checkpoint", {"save_steps": 2, "save_total_limit": keep})
     train = {"max_steps": steps, "global_batch_size": 4, **sections.pop("train", {})}
     return tiny_config(tmp_path / "run", data={"path": str(data)}, train=train, **sections)
+
+
+def save_tiny_vae(folder):
+    """A random 2-level AutoencoderKL (latents 4×8×8 at 16 px)."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                  up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4,
+                  norm_num_groups=8, sample_size=32).save_pretrained(folder)
+    return str(folder)
+
+
+def write_images(root, classes=3, per_class=4, seed=0):
+    """RGB images of several sizes in `classes` class folders."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (16 + 5 * i, 20 + c, 3), dtype=np.uint8)).save(root / f"c{c}" / f"{i}.png")
+    return str(root)

@@ -60,6 +60,7 @@ _NAMES = {
     "diffusion.noise_schedule": ("linear", "cosine", "sigmoid"),
     "diffusion.timestep_sampler": ("uniform", "loss-second-moment"),
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
+    "data.vae_dtype": ("auto", "fp32", "bf16"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),

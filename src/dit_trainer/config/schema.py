@@ -19,12 +19,12 @@ class ModelConfig:
     and are typed and checked against the family's config dataclass (`ModelSpec.config_cls`)."""
 
     name: str = "DiT-S/2"  # registered model name, e.g. DiT-XL/2 (any case)
-    input_size: int = 32  # latent (or pixel) side; taken from the data when not set
-    in_channels: int = 4  # latent (or pixel) channels; taken from the data when not set
-    num_classes: int = 1000  # class labels 0..num_classes-1; taken from the data when not set
+    input_size: int = 32  # latent (or pixel) side; taken from the weights, else the data, when not set
+    in_channels: int = 4  # latent (or pixel) channels; taken from the weights, else the data, when not set
+    num_classes: int = 1000  # class labels 0..num_classes-1; taken from the weights, else the data, when not set
     learn_sigma: bool = True  # also predict the variance (the DiT release does)
     class_dropout_prob: float = 0.1  # share of labels dropped for classifier-free guidance, in [0, 1)
-    weights_path: Optional[str] = None  # start from weights: our checkpoint dir, an original DiT .pt, or .safetensors
+    weights_path: Optional[str] = None  # start from weights (our run or checkpoint dir, a DiT/SiT/Large-DiT release file, .safetensors); they give the model's shape, and another num_classes starts only the label embedding anew
     config_file: Optional[str] = None  # model from a PaddleMIX DiT JSON or our model YAML/JSON; keys set beside it win
     options: dict = field(default_factory=dict)
 
@@ -42,15 +42,17 @@ class DiffusionConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # latents (shards from dit extract, .npy folder, fast-DiT features) or "digits"
+    path: Optional[str] = None  # latents (shards from dit extract, .npy folder, fast-DiT features), an image folder (encoded as read, into a latent cache) or "digits"
     labels_file: Optional[str] = None  # labels.json|.npy|.txt of a .npy folder (default: the one beside it)
     unconditional: bool = False  # a .npy folder without labels: train one class
     class_names: Optional[list] = None  # names of the classes, index = label; taken from the data when not set
     random_flip: bool = True  # flip latents horizontally at random
     num_workers: int = 2  # data loading processes
-    image_size: int = 256  # pixel size the latents came from (for decoding); taken from shards when not set
+    image_size: int = 256  # image folder: the crop size in pixels (dit extract --image-size); latents: the size they came from (shards record it)
     digits_size: int = 16  # side of the upsampled digits when path is "digits"
-    vae: Optional[str] = None  # VAE id or folder for decoding (shards record theirs); None for pixels
+    vae: Optional[str] = None  # VAE id or folder (dit extract --vae): encodes an image folder (None: stabilityai/sd-vae-ft-mse) and decodes samples (shards record theirs)
+    vae_dtype: str = "auto"  # auto | fp32 | bf16: the VAE's compute dtype for an image folder; auto: bf16 on a GPU, fp32 (dit extract's default) on a CPU
+    cache_dir: Optional[str] = None  # where the latent caches of image folders go (None: ~/.cache/dit-trainer/latents); shared by all nodes
     scaling_factor: float = 0.18215  # factor the latents were multiplied by (shards record theirs)
 
 

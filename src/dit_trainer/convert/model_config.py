@@ -5,7 +5,6 @@ size overrides `depth`, `hidden_size`, `num_heads`, `mlp_ratio` only where the n
 plus the timestep convention of the weights when it is not the release's.
 """
 
-import math
 import re
 
 from dit_trainer.errors import CheckpointError, ConfigError
@@ -19,6 +18,8 @@ from dit_trainer.models.dit.sizes import (  # noqa: F401 (the converters' names 
     model_config,
     release_size,
 )
+from dit_trainer.models.dit.weights_shape import tensor_shape  # noqa: F401 (read off the tensors by the model family)
+
 
 def shape_of(cfg: dict) -> dict:
     """depth, hidden_size, num_heads, patch_size, mlp_ratio of a model-config dict (name + overrides)."""
@@ -34,27 +35,6 @@ def shape_of(cfg: dict) -> dict:
 def convention_of(cfg: dict) -> dict:
     """The timestep convention a model-config dict records (the release's when it records none)."""
     return {k: cfg.get(k, v) for k, v in RELEASE_CONVENTION.items()}
-
-
-def tensor_shape(sd: dict, source="weights") -> dict:
-    """What a DiT state dict (release names) says of its model through its tensor shapes: everything
-    but the head count."""
-    need = ("x_embedder.proj.weight", "pos_embed", "final_layer.linear.weight", "y_embedder.embedding_table.weight")
-    missing = [k for k in need if k not in sd]
-    if missing:
-        raise CheckpointError(f"{source} is not a DiT state dict: it has no {', '.join(missing)} "
-                              f"(first keys: {', '.join(list(sd)[:3])}); pass a DiT checkpoint")
-    proj = sd["x_embedder.proj.weight"]
-    hidden, in_channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[-1])
-    grid = math.isqrt(int(sd["pos_embed"].shape[1]))
-    out_channels = int(sd["final_layer.linear.weight"].shape[0]) // (patch * patch)
-    fc1 = sd.get("blocks.0.mlp.fc1.weight")
-    # Released checkpoints and ours always hold the null-class row that guidance needs.
-    return {"depth": len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), "hidden_size": hidden,
-            "patch_size": patch, "input_size": grid * patch, "in_channels": in_channels,
-            "num_classes": int(sd["y_embedder.embedding_table.weight"].shape[0]) - 1,
-            "learn_sigma": out_channels == 2 * in_channels,
-            "mlp_ratio": fc1.shape[0] / hidden if fc1 is not None else 4.0}
 
 
 def infer_from_state_dict(sd: dict, source="weights", num_heads=None) -> dict:

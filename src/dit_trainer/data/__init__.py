@@ -4,6 +4,9 @@ when needed), so registering `dit extract` and `dit data` does not import torch.
 
 from dit_trainer.lazy import lazy_exports
 
+# The VAE `dit extract` and `dit train` encode images with unless told another (--vae, data.vae).
+DEFAULT_VAE = "stabilityai/sd-vae-ft-mse"
+
 _LAZY = {
     "DigitsDataset": "digits", "classify_images": "digits", "digits_classifier": "digits",
     "run_extract": "extract",
@@ -18,4 +21,4 @@ _LAZY = {
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "DEFAULT_VAE"])

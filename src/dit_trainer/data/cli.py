@@ -65,7 +65,9 @@ def add_commands(subparsers) -> None:
                     "Resumable; under torchrun each rank encodes its own shards.")
     p.add_argument("--data-path", required=True,
                    help="image folder: one sub-folder per class, or a flat folder (label 0)")
-    p.add_argument("--vae", default="stabilityai/sd-vae-ft-mse",
+    from dit_trainer.data import DEFAULT_VAE
+
+    p.add_argument("--vae", default=DEFAULT_VAE,
                    help="Hub id or save_pretrained folder (default: %(default)s)")
     p.add_argument("--image-size", type=int, required=True, help="crop size in pixels, e.g. 256 or 512")
     p.add_argument("--out", required=True, help="output folder for shards and manifest.json")

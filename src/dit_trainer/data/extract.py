@@ -22,8 +22,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from dit_trainer.data import shards as sh
-from dit_trainer.data.images import ImageFiles, list_image_folder, to_model_range
-from dit_trainer.data.vae import encode, latent_shape, load_vae, resolve_dtype, scaling
+from dit_trainer.data.encode import encode_rows
+from dit_trainer.data.images import ImageFiles, list_image_folder
+from dit_trainer.data.vae import latent_shape, load_vae, resolve_dtype, scaling
 from dit_trainer.errors import DataError
 
 PLAN = "extract.json"
@@ -182,7 +183,7 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
             capacity = min((shard + 1) * shard_size, len(paths)) - shard * shard_size
             writer, skipped = sh.ShardWriter(out, names[shard], capacity, entry, dtype), []
         if images is not None:
-            latents, bad = _encode_batch(model, images, indices, num_flips, posterior, seed, sf, shift)
+            latents, bad = encode_rows(model, images, indices, num_flips, posterior, seed, sf, shift, batch_size)
             errors = errors + [(indices[j], "VAE output is NaN or inf (try --vae-dtype fp32)") for j in bad]
             keep = [j for j in range(len(indices)) if j not in bad]
             writer.add(latents[keep], labels[[indices[j] for j in keep]])
@@ -198,33 +199,14 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     seconds = time.perf_counter() - start
     dist.barrier()
     if dist.rank == 0:
-        _finish(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path)
+        finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path)
     dist.barrier()
     return {"rank": dist.rank, "shards": len(mine), "images": encoded, "seconds": seconds,
             "images_per_s": encoded / seconds if seconds > 0 else 0.0}
 
 
-def _encode_batch(model, images, indices, num_flips, posterior, seed, sf, shift):
-    """Rows b×F×K×C×H×W for a uint8 batch, and the positions whose latents are not finite."""
-    x = torch.from_numpy(to_model_range(images))
-    if num_flips == 2:
-        x = torch.cat([x, x.flip(-1)])
-    mean, std = encode(model, x, sf, shift)
-    b = len(indices)
-    mean = mean.cpu().numpy().reshape(num_flips, b, *mean.shape[1:]).swapaxes(0, 1)
-    std = std.cpu().numpy().reshape(num_flips, b, *std.shape[1:]).swapaxes(0, 1)
-    if posterior == "mean_std":
-        rows = np.stack([mean, std], axis=2)
-    else:
-        # Noise keyed by image index, so the sample does not depend on batch or rank.
-        eps = np.stack([np.random.default_rng([seed, i]).standard_normal(mean.shape[1:], dtype=np.float32)
-                        for i in indices])
-        rows = (mean + std * eps)[:, :, None]
-    bad = np.flatnonzero(~np.isfinite(rows.reshape(b, -1)).all(axis=1)).tolist()
-    return rows, bad
-
-
-def _finish(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path):
+def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path):
+    """Once every shard in `names` is written: drop leftovers, list skipped images, write the manifest."""
     markers = []
     for name in names:
         if not sh.shard_done(out, name):

@@ -22,6 +22,14 @@ def build_dataset(cfg, num_classes=None):
         from dit_trainer.data.digits import DigitsDataset
 
         return DigitsDataset(image_size=data.digits_size)
+    from dit_trainer.data.online import looks_like_image_folder
+
+    if looks_like_image_folder(data.path):
+        from dit_trainer.data.online import open_image_folder
+
+        return open_image_folder(data.path, vae=data.vae, image_size=data.image_size, vae_dtype=data.vae_dtype,
+                                 device=cfg.train.device, cache_dir=data.cache_dir, random_flip=data.random_flip,
+                                 seed=cfg.train.seed)
     from dit_trainer.data.latents import open_latent_dataset
 
     return open_latent_dataset(
@@ -38,6 +46,8 @@ def _source(cfg, dataset) -> str:
     import os
 
     path = cfg.data.path
+    if getattr(dataset, "source", None):
+        return dataset.source
     if path is None:
         return f"the {type(dataset).__name__} given to the trainer"
     if getattr(dataset, "manifest", None) is not None:
@@ -52,23 +62,29 @@ class DataShapes:
     `model.in_channels`, `model.input_size`, `model.num_classes` and `data.class_names` come from
     what the data records (the shard manifest, the labels file, the latents' shape), and for shards
     the VAE and image size too; a value the user set that the data contradicts is a one-line error.
+    `first` is a fill that runs before (the weights of `model.weights_path`) and returns the keys it
+    set: the data must agree with those, and its labels need only fit inside the model's classes.
     """
 
-    def __init__(self, dataset=None):
-        self.dataset = dataset
+    def __init__(self, dataset=None, first=None):
+        self.dataset, self.first = dataset, first
 
     def __call__(self, cfg, given: frozenset) -> None:
+        weights = frozenset(self.first(cfg, given) or ()) if self.first is not None else frozenset()
         if self.dataset is None:
             if cfg.data.path is None:
                 return
-            count = cfg.model.num_classes if "model.num_classes" in given else None
+            count = cfg.model.num_classes if "model.num_classes" in given and not weights else None
             self.dataset = build_dataset(cfg, num_classes=count)
         dataset, source = self.dataset, _source(cfg, self.dataset)
 
         def take(key: str, value, what: str) -> None:
             section, name = key.split(".")
             have = getattr(getattr(cfg, section), name)
-            if key not in given:
+            if key in weights and have != value:
+                raise ConfigError(f"model.weights_path {cfg.model.weights_path} is for {key} {have} but {source} holds "
+                                  f"{what}; train these weights on data of their shape, or start from other weights")
+            if key not in given and key not in weights:
                 setattr(getattr(cfg, section), name, value)
             elif have != value:
                 raise ConfigError(f"{key} is {have} but {source} holds {what}; set {key} to {value} or leave it out "
@@ -83,10 +99,12 @@ class DataShapes:
             take("model.in_channels", int(channels), f"{channels}-channel latents")
             take("model.input_size", int(height), f"{height}x{width} latents")
         count = getattr(dataset, "num_classes", None)
-        if count is not None:
+        if count is not None and cfg.model.weights_path:
+            _labels_fit(cfg, dataset, source, int(count), "model.num_classes" in weights)
+        elif count is not None:
             take("model.num_classes", int(count), f"{count} classes")
         names = getattr(dataset, "class_names", None)
-        if names and "data.class_names" not in given:
+        if names and "data.class_names" not in given and len(names) == cfg.model.num_classes:
             cfg.data.class_names = [str(n) for n in names]
         if cfg.data.class_names is not None and len(cfg.data.class_names) != cfg.model.num_classes:
             raise ConfigError(f"data.class_names lists {len(cfg.data.class_names)} names but model.num_classes is "
@@ -98,12 +116,24 @@ class DataShapes:
                 setattr(cfg.data, key.split(".")[1], manifest[field])
 
 
-def config_with_data(config, dataset=None):
+def _labels_fit(cfg, dataset, source: str, count: int, from_weights: bool) -> None:
+    """A model started from weights keeps its class count; the data's labels must fit inside it."""
+    labels = getattr(dataset, "labels", None)
+    largest = int(labels.max()) if labels is not None and len(labels) else count - 1
+    have = cfg.model.num_classes
+    if largest >= have:
+        where = f" (from model.weights_path {cfg.model.weights_path})" if from_weights else ""
+        raise ConfigError(f"{source} has label {largest} but the model has {have} classes{where}; set "
+                          f"model.num_classes to {largest + 1} or more (the label embedding then starts anew)")
+
+
+def config_with_data(config, dataset=None, first=None):
     """(checked Config, its dataset or None): `config` (a Config, dict or YAML path) built with the
-    shapes its data records filled in where it sets none, before the config is checked."""
+    shapes its data records filled in where it sets none, before the config is checked; `first`, a
+    fill run before the data's (see `DataShapes`)."""
     from dit_trainer.config import build_config, settings_of
 
-    shapes = DataShapes(dataset)
+    shapes = DataShapes(dataset, first)
     cfg = build_config(settings_of(config), fill=shapes)
     return cfg, shapes.dataset
 
@@ -153,22 +183,33 @@ class GlobalBatchSampler(Sampler):
 
 
 class StepLoader:
-    """An endless iterator of per-rank batches that knows its position for checkpoints."""
+    """An endless iterator of per-rank batches that knows its position for checkpoints.
 
-    def __init__(self, dataset, sampler: GlobalBatchSampler, num_workers=0, pin_memory=False):
+    `stage` (an image folder's `CacheEncoder`) sits between the workers and the trainer:
+    `stage.start_epoch(e)` gives (dataset, collate_fn, finish) for each epoch, `finish(batch)` runs
+    in this process, and `flush()` passes on to `stage.flush()`.
+    """
+
+    def __init__(self, dataset, sampler: GlobalBatchSampler, num_workers=0, pin_memory=False, stage=None):
         self.dataset, self.sampler = dataset, sampler
         self.num_workers, self.pin_memory = num_workers, pin_memory
+        self.stage = stage
         self._it = None
+        self._finish = None
 
     def _start_epoch(self):
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(self.sampler.epoch)
+        dataset, collate, self._finish = self.dataset, None, None
+        if self.stage is not None:
+            dataset, collate, self._finish = self.stage.start_epoch(self.sampler.epoch)
+        elif hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(self.sampler.epoch)
         # Non-persistent workers are forked per epoch, so they see the epoch set above.
         loader = DataLoader(
-            self.dataset,
+            dataset,
             batch_sampler=self.sampler,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            collate_fn=collate,
         )
         self._it = iter(loader)
 
@@ -186,7 +227,12 @@ class StepLoader:
             self._start_epoch()
             batch = next(self._it)
         self.sampler.sample_in_epoch += self.sampler.global_batch_size
-        return batch
+        return self._finish(batch) if self._finish is not None else batch
+
+    def flush(self) -> None:
+        """Write what the stage keeps in memory (an image folder's freshly encoded latents)."""
+        if self.stage is not None:
+            self.stage.flush()
 
     def state_dict(self) -> dict:
         """Position after the last batch handed out."""

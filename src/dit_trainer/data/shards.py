@@ -309,52 +309,36 @@ class LatentShards(Dataset):
 
     def _draws(self, index: int, base: Optional[int] = None):
         """(flip, noise seed or None) of item `index` in the current epoch; `base` caches the epoch's hash."""
-        if base is None:
-            base = _splitmix64(_splitmix64(self.seed) ^ self.epoch)
-        state = _splitmix64(base ^ index)
-        # Always drawn, so the noise does not depend on random_flip.
-        flip = state >> 63 == 1 and self.random_flip
-        return flip, _splitmix64(state) >> 1 if self.sample_posterior else None
+        return item_draw(self.seed, self.epoch, index, self.random_flip, self.sample_posterior, base)
 
     def __getitem__(self, index: int):
         return self.__getitems__([index])[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> List:
-        """Items for a batch of indices; DataLoader calls this once per batch, amortising numpy/torch overhead."""
+    def check_indices(self, indices: Sequence[int]) -> np.ndarray:
+        """`indices` as non-negative int64 positions, or IndexError."""
         n = len(self)
         index = np.asarray([int(i) for i in indices], dtype=np.int64)
         index = np.where(index < 0, index + n, index)
         if index.size and (index.min() < 0 or index.max() >= n):
             raise IndexError(f"index {int(index[(index < 0) | (index >= n)][0])} out of range for {n} items")
-        b = len(index)
-        base = _splitmix64(_splitmix64(self.seed) ^ self.epoch)
-        draws = [self._draws(i, base) for i in index.tolist()]
-        flips = np.array([f for f, _ in draws], dtype=bool)
-        stored = self._entry[0] == 2
-        variant = flips.astype(np.int64) if stored else np.zeros(b, dtype=np.int64)
+        return index
+
+    def __getitems__(self, indices: Sequence[int]) -> List:
+        """Items for a batch of indices; DataLoader calls this once per batch, amortising numpy/torch overhead."""
+        index = self.check_indices(indices)
+        draws = epoch_draws(self.seed, self.epoch, index, self.random_flip, self.sample_posterior)
+        variant = draws[0].astype(np.int64) if self._entry[0] == 2 else np.zeros(len(index), dtype=np.int64)
         shard_of = np.searchsorted(self.offsets, index, side="right") - 1
         kinds = 2 if self.sample_posterior else 1
-        rows = np.empty((b, kinds, *self.latent_shape), dtype=self.manifest["dtype"])
+        rows = np.empty((len(index), kinds, *self.latent_shape), dtype=self.manifest["dtype"])
         for shard in np.unique(shard_of):
             where = np.flatnonzero(shard_of == shard)
             local = index[where] - self.offsets[shard]
             # Plain ndarray view: np.memmap's subclass hooks cost microseconds per indexing.
             rows[where] = np.asarray(self._array(int(shard)))[local, variant[where], :kinds]
-        # torch widens float16 several times faster than numpy does.
-        rows = torch.from_numpy(rows).float()
-        x = rows[:, 0]
-        if self.sample_posterior:
-            if self._generator is None:
-                self._generator = torch.Generator()
-            eps = torch.empty(x.shape)
-            for j, (_, noise_seed) in enumerate(draws):
-                self._generator.manual_seed(noise_seed)
-                torch.randn(self.latent_shape, generator=self._generator, out=eps[j])
-            x.addcmul_(rows[:, 1], eps)
-        if flips.any() and not stored:
-            # Without stored flips, mirroring the latent is the usual approximation of encoding the mirrored image.
-            mask = torch.from_numpy(flips)
-            x[mask] = x[mask].flip(-1)
+        if self._generator is None:
+            self._generator = torch.Generator()
+        x = latents_from_rows(rows, draws, self._entry[0] == 2, self._generator)
         finite = torch.isfinite(x).flatten(1).all(1)
         if not bool(finite.all()):
             i = int(index[int((~finite).nonzero()[0])])
@@ -363,3 +347,40 @@ class LatentShards(Dataset):
                             "and re-extract that shard")
         y = torch.from_numpy(self.labels[index])
         return list(zip(x.unbind(0), y.unbind(0)))
+
+
+def item_draw(seed: int, epoch: int, index: int, random_flip: bool, sample_posterior: bool, base: Optional[int] = None):
+    """(flip, noise seed or None) of item `index` in `epoch`; `base` caches the epoch's hash."""
+    if base is None:
+        base = _splitmix64(_splitmix64(seed) ^ epoch)
+    state = _splitmix64(base ^ int(index))
+    # Always drawn, so the noise does not depend on random_flip.
+    flip = state >> 63 == 1 and random_flip
+    return flip, _splitmix64(state) >> 1 if sample_posterior else None
+
+
+def epoch_draws(seed: int, epoch: int, index, random_flip: bool, sample_posterior: bool):
+    """(flips as a bool array, noise seeds or None per item) of the items `index` in `epoch`."""
+    base = _splitmix64(_splitmix64(seed) ^ epoch)
+    draws = [item_draw(seed, epoch, i, random_flip, sample_posterior, base) for i in np.asarray(index).tolist()]
+    return np.array([f for f, _ in draws], dtype=bool), [s for _, s in draws]
+
+
+def latents_from_rows(rows: np.ndarray, draws, stored_flips: bool, generator: torch.Generator) -> torch.Tensor:
+    """float32 b×C×H×W latents from stored rows b×K×C×H×W (the variant `draws` flips already picked
+    where flips are stored): the mean plus std·noise when K = 2, then flipped where none are stored."""
+    flips, noise_seeds = draws
+    # torch widens float16 several times faster than numpy does.
+    rows = torch.from_numpy(rows).float()
+    x = rows[:, 0]
+    if rows.shape[1] == 2:
+        eps = torch.empty(x.shape)
+        for j, noise_seed in enumerate(noise_seeds):
+            generator.manual_seed(noise_seed)
+            torch.randn(x.shape[1:], generator=generator, out=eps[j])
+        x.addcmul_(rows[:, 1], eps)
+    if flips.any() and not stored_flips:
+        # Without stored flips, mirroring the latent is the usual approximation of encoding the mirrored image.
+        mask = torch.from_numpy(flips)
+        x[mask] = x[mask].flip(-1)
+    return x

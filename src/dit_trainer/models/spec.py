@@ -23,7 +23,8 @@ class ModelSpec:
     `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
     plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
     `state_dict_adapter` maps weights to and from released checkpoints; `flops_fn(model)` gives
-    the training FLOPs of one image (for MFU); `objective` is what `objective: auto` trains it with.
+    the training FLOPs of one image (for MFU); `objective` is what `objective: auto` trains it with;
+    `weights_shape_fn` reads the model keys off a state dict, `label_embedding` names the class table.
     """
 
     name: str
@@ -36,6 +37,10 @@ class ModelSpec:
     state_dict_adapter: Optional[Any] = None
     flops_fn: Optional[Callable] = None  # model -> training FLOPs per image (forward + backward), for MFU
     objective: str = "diffusion"  # the objective its releases were trained with (`objective: auto`)
+    # (state_dict in our names, model.name or None, the family options set, source) -> the model keys
+    # those weights need: what `model.weights_path` fills in (see train/pretrained.py)
+    weights_shape_fn: Optional[Callable] = None
+    label_embedding: str = "y_embedder.embedding_table.weight"  # the table a new class count starts anew
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""
@@ -166,3 +171,22 @@ def build_kwargs(cfg, config_cls) -> tuple[dict, Any]:
     names = {f.name for f in dataclasses.fields(config_cls)}
     family = build_dataclass(config_cls, {k: v for k, v in section.items() if k in names}, prefix="model.")
     return shared, family
+
+
+def options_from_weights(want: dict, implied: dict, options: dict, source, name=None, fits: str = "") -> dict:
+    """The family options a model needs for weights of shape `want` (option -> value), where the name
+    alone implies `implied`; a value the user set in `options`, or the model.name `name` they set,
+    that the weights contradict is a one-line ConfigError (`fits`: the model the tensors make)."""
+    out = {}
+    for key, value in want.items():
+        user = options.get(key)
+        if user is not None and user != value:
+            raise ConfigError(f"model.{key} is {user} but {source} holds {value}; leave model.{key} out "
+                              "(the weights decide it)")
+        if user is None and implied.get(key) != value:
+            if name is not None:  # the name the user set stands for its size's value
+                raise ConfigError(f"model.name {name} does not fit {source}: its {key} is {implied.get(key)}, the "
+                                  f"tensors' {value}{f' (a {fits})' if fits else ''}; leave model.name out (the weights decide it) or set "
+                                  f"model.{key} {value} beside it")
+            out[key] = value
+    return out

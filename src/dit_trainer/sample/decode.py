@@ -3,9 +3,8 @@ manifest), or nothing for pixel models such as the digits demo."""
 
 import os
 
+from dit_trainer.data import DEFAULT_VAE
 from dit_trainer.errors import ConfigError, DitError
-
-DEFAULT_VAE = "stabilityai/sd-vae-ft-mse"
 _VAE_CACHE: dict = {}
 
 

@@ -89,8 +89,10 @@ def run(args) -> int:
     if args.print_config:
         from dit_trainer.config import config_yaml
         from dit_trainer.data.loader import config_with_data
+        from dit_trainer.train.pretrained import PretrainedShapes
 
-        cfg, _ = config_with_data(settings)  # what the run would use: the data's shape where the config sets none
+        # What the run would use: the weights' and the data's shape where the config sets none.
+        cfg, _ = config_with_data(settings, first=PretrainedShapes())
         print(config_yaml(cfg), end="")
         return 0
     from dit_trainer.train import build_trainer

@@ -33,6 +33,7 @@ from dit_trainer.train import preflight, resume, resume_checks
 from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
+from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
@@ -47,7 +48,9 @@ class DiTTrainer:
         if backend_of(config) != "torch":
             raise ConfigError("DiTTrainer is the torch engine; for backend mindspore use dit_trainer.build_trainer(config) "
                               "or `dit train`, which pick the engine the config names")
-        self.cfg, self.dataset = config_with_data(config, dataset)
+        # The weights of model.weights_path give the model's shape first, then the data fills the rest.
+        pretrained = PretrainedShapes()
+        self.cfg, self.dataset = config_with_data(config, dataset, first=pretrained)
         cfg = self.cfg
         self.device = resolve_device(cfg.train.device)
         self.dims = init_distributed(cfg.parallel, self.device)
@@ -65,9 +68,7 @@ class DiTTrainer:
         self.spec = get_spec(cfg.model.name)
         model = self.spec.build_model_fn(cfg)
         if cfg.model.weights_path:
-            from dit_trainer.checkpoint import load_into, load_weights
-
-            load_into(model, self.spec.from_released(load_weights(cfg.model.weights_path)), cfg.model.weights_path)
+            load_pretrained(model, self.spec, pretrained.state_dict, cfg.model.weights_path, log=self.is_main)
         model.to(self.device)
         # Counted on the whole model, before parallelism splits its weights.
         self.flops_per_image = self.spec.flops_fn(model) if self.spec.flops_fn else None
@@ -265,7 +266,15 @@ class DiTTrainer:
         """Write model, EMA, optimizer and trainer state for the current step (all ranks call it)."""
         # The last step's flags decide whether it diverged (raise, no save) and the skip count saved.
         self.update.read_pending()
+        self._flush_loader()
         return self.checkpointer.save(self.step, self.trainer_state(), config_yaml(self.cfg))
+
+    def _flush_loader(self) -> None:
+        # An image folder's loader keeps freshly encoded latents in memory; written now, a resume or
+        # the next run finds them in the cache.
+        flush = getattr(self.loader, "flush", None)
+        if flush is not None:
+            flush()
 
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
@@ -302,6 +311,7 @@ class DiTTrainer:
     def build_loader(self):
         """The endless per-rank loader of global-batch shares."""
         from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
+        from dit_trainer.data.online.encoder import encoder_for
 
         cfg = self.cfg
         if self.dataset is None:
@@ -313,7 +323,10 @@ class DiTTrainer:
                             "(input_size is the image size / 8) or re-extract the data")
         sampler = GlobalBatchSampler(len(self.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
                                      dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size)
-        return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda")
+        # An image folder's VAE encodes on this device what its latent cache lacks.
+        stage = encoder_for(self.dataset, self.device, self.dims, progress=self.is_main and cfg.logging.progress)
+        return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda",
+                          stage=stage)
 
     def train(self) -> dict:
         """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
@@ -404,6 +417,7 @@ class DiTTrainer:
                 break
         bar.close()
         logger.close()
+        self._flush_loader()
         if main and self.skipped_steps:
             # Skipping is what was asked for (exit 0), but a run that learnt from few steps should say so.
             print(f"warning: {self.skipped_steps} of {self.step} steps were skipped for a non-finite loss or grad "

@@ -12,6 +12,7 @@ from dit_trainer.lazy import lazy_exports
 from dit_trainer.models.dit.config import DiTConfig
 from dit_trainer.models.dit.sizes import PATCHES, SIZES
 from dit_trainer.models.dit.state_dict import DiTStateDictAdapter
+from dit_trainer.models.dit.weights_shape import weights_shape
 from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
 
 _MODEL = "dit_trainer.models.dit.model"
@@ -65,6 +66,7 @@ def register_family(prefix: str, table: str, family: str, objective: str = "diff
                     state_dict_adapter=DiTStateDictAdapter(),
                     flops_fn=_lazy_call("dit_trainer.models.dit.flops", "dit_train_flops_per_image"),
                     objective=objective,
+                    weights_shape_fn=weights_shape,
                 ),
             )
 

@@ -11,13 +11,14 @@ from dit_trainer.lazy import lazy_exports
 from dit_trainer.models.large_dit.config import LargeDiTConfig
 from dit_trainer.models.large_dit.sizes import SIZES
 from dit_trainer.models.large_dit.state_dict import LargeDiTStateDictAdapter
+from dit_trainer.models.large_dit.weights_shape import weights_shape
 from dit_trainer.models.spec import ModelSpec, register_spec
 
 _MODEL = "dit_trainer.models.large_dit.model"
 _LAZY = {
     **{name: _MODEL for name in ("DiT_Llama", "DiT_Llama_models", "DiT_Llama_600M_patch2", "DiT_Llama_3B_patch2",
                                  "DiT_Llama_7B_patch2", "build_large_dit")},
-    "swiglu_hidden": "dit_trainer.models.large_dit.layers",
+    "swiglu_hidden": "dit_trainer.models.large_dit.sizes",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
@@ -49,6 +50,7 @@ def _register():
             parallelize_fn=_plan("parallelize_large_dit"),
             pipelining_fn=_plan("pipeline_large_dit"),
             state_dict_adapter=LargeDiTStateDictAdapter(),
+            weights_shape_fn=weights_shape,
         )
         register_spec(spec.name, spec)
         register_spec(f"DiT_Llama_{size}_patch2", spec)

@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from dit_trainer.models.attention import attention
 from dit_trainer.models.dit.model import modulate
+from dit_trainer.models.large_dit.sizes import swiglu_hidden
 
 
 def rope_cos_sin(head_dim: int, n_tokens: int, theta: float = 10000.0, device=None):
@@ -104,15 +105,6 @@ class Attention(nn.Module):
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=q.shape[2] != k.shape[2]
         )
         return self.wo(out.transpose(1, 2).flatten(2))
-
-
-def swiglu_hidden(dim, multiple_of, ffn_dim_multiplier=None):
-    """LLaMA's SwiGLU width: 2/3 of 4·dim (same parameters as a 4·dim MLP), times the
-    multiplier, rounded up to `multiple_of`."""
-    hidden = int(2 * (4 * dim) / 3)
-    if ffn_dim_multiplier is not None:
-        hidden = int(ffn_dim_multiplier * hidden)
-    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
 class FeedForward(nn.Module):

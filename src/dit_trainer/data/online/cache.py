@@ -1,0 +1,243 @@
+"""The latent cache of an image folder: where it lives, what names it, and what it holds so far.
+
+A cache folder is named by a sha256 over everything that changes its bytes: the folder (absolute
+path, every file's relative path, label, size and mtime), the image size, the VAE (a Hub id, or a
+folder's config and weight files) and the VAE's compute dtype. Another folder, size or VAE is
+another cache; the same ones, from any run, find this one.
+
+While incomplete it holds `pieces/`: each a `<id>.index.npy` (image indices) and a
+`<id>.rows.npy` (their rows, `dit extract`'s N×F×K×C×H×W float16 layout), both written to a
+temporary name and renamed, the rows last; a piece counts once its rows file exists, so a run
+killed at any instant leaves only whole pieces (and temporary files nobody reads). Complete, it is
+a `dit extract` shard folder: shard i holds images [i·S, (i+1)·S), `manifest.json` written last.
+"""
+
+import hashlib
+import json
+import os
+import uuid
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from dit_trainer.data import shards as sh
+from dit_trainer.errors import DataError
+
+FORMAT = 1
+PLAN = "cache.json"
+PIECES = "pieces"
+SHARD_SIZE = 2048  # `dit extract`'s --shard-size default
+PIECE_ROWS = 1024  # rows a rank keeps in memory before writing a piece: what a kill -9 can lose
+STORAGE = "float16"  # `dit extract`'s --dtype default
+ENTRY_FLIPS, ENTRY_KINDS = 2, 2  # both flips, posterior mean and std, as `dit extract` stores by default
+
+
+def default_root() -> str:
+    """Where caches go unless data.cache_dir says: $XDG_CACHE_HOME (or ~/.cache)/dit-trainer/latents."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dit-trainer", "latents")
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def vae_identity(name: str):
+    """What names a VAE's weights: a Hub id itself; for a folder its config's sha256 and each weight
+    file's name, size and mtime (re-saving the VAE makes a new cache, the safe side)."""
+    folder = os.path.expanduser(name)
+    if not os.path.isdir(folder):
+        return name
+    if not os.path.isfile(os.path.join(folder, "config.json")) and os.path.isdir(os.path.join(folder, "vae")):
+        folder = os.path.join(folder, "vae")
+    files = []
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if os.path.isfile(path):
+            st = os.stat(path)
+            files.append([entry, st.st_size, st.st_mtime_ns])
+    config = os.path.join(folder, "config.json")
+    return {"path": os.path.abspath(folder), "config": _file_sha256(config) if os.path.isfile(config) else None,
+            "files": files}
+
+
+def files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
+    """sha256 over each image's relative path, label, size and mtime: an edited, added or removed image changes it."""
+    digest = hashlib.sha256()
+    for path, label in zip(paths, labels.tolist()):
+        st = os.stat(path)
+        line = f"{os.path.relpath(path, root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n"
+        digest.update(line.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def cache_plan(data_path: str, paths, labels, vae_name: str, vae_dtype: str, image_size: int) -> Dict:
+    """The values that name a cache, with its `key`."""
+    plan = {"format": FORMAT, "data_path": os.path.abspath(data_path), "num_images": len(paths),
+            "files_sha256": files_digest(paths, labels, data_path), "vae": vae_name,
+            "vae_identity": vae_identity(vae_name), "vae_dtype": vae_dtype, "image_size": int(image_size),
+            "shard_size": SHARD_SIZE, "flips": True, "posterior": "mean_std", "dtype": STORAGE}
+    plan["key"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+    return plan
+
+
+def cache_folder(root: str, plan: Dict) -> str:
+    """The cache folder of `plan` under `root`: folder name, image size and the key's first 12 digits."""
+    name = os.path.basename(os.path.normpath(plan["data_path"])) or "images"
+    return os.path.join(os.path.abspath(os.path.expanduser(root)), f"{name}-{plan['image_size']}px-{plan['key'][:12]}")
+
+
+def read_plan(folder: str) -> Optional[Dict]:
+    """The plan a cache folder recorded (with the VAE's shapes), or None where there is none yet."""
+    path = os.path.join(folder, PLAN)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as err:
+        raise DataError(f"cannot read {path} ({err}); delete {folder} to encode the images again") from None
+
+
+def write_plan(folder: str, plan: Dict) -> None:
+    """Record the plan (every rank may: the content is the same, the write atomic)."""
+    os.makedirs(os.path.join(folder, PIECES), exist_ok=True)
+    sh._atomic_json(os.path.join(folder, PLAN), plan)
+
+
+def num_shards(num_images: int) -> int:
+    """Shards of a complete cache of `num_images` images."""
+    return -(-num_images // SHARD_SIZE)
+
+
+class Where:
+    """Where each image's rows are: `file_of[i]` indexes `files` (-1: not encoded yet), `row_of[i]` the row."""
+
+    def __init__(self, files: List[str], file_of: np.ndarray, row_of: np.ndarray):
+        self.files, self.file_of, self.row_of = files, file_of, row_of
+
+    @property
+    def covered(self) -> int:
+        """Images whose rows are on disk."""
+        return int((self.file_of >= 0).sum())
+
+
+def _rows_shape(path: str):
+    from dit_trainer.data.latents import read_npy_header
+
+    try:
+        return read_npy_header(path)[0]
+    except DataError:
+        return None
+
+
+def scan(folder: str, num_images: int, entry: tuple) -> Where:
+    """The rows on disk: finished shards, then whole pieces; a damaged or foreign piece is passed over
+    (its images are encoded again), never read."""
+    files: List[str] = []
+    file_of = np.full(num_images, -1, dtype=np.int32)
+    row_of = np.zeros(num_images, dtype=np.int64)
+    total = num_shards(num_images)
+    for s in range(total):
+        name = sh.shard_name(s, total)
+        start, stop = s * SHARD_SIZE, min((s + 1) * SHARD_SIZE, num_images)
+        path = os.path.join(folder, f"{name}.npy")
+        if sh.shard_done(folder, name) and _rows_shape(path) == (stop - start, *entry):
+            file_of[start:stop], row_of[start:stop] = len(files), np.arange(stop - start)
+            files.append(path)
+    pieces = os.path.join(folder, PIECES)
+    names = sorted(n for n in os.listdir(pieces) if n.endswith(".rows.npy")) if os.path.isdir(pieces) else []
+    for name in names:
+        rows = os.path.join(pieces, name)
+        try:
+            index = np.load(os.path.join(pieces, name[:-len(".rows.npy")] + ".index.npy"), allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            continue
+        if (index.ndim != 1 or index.dtype.kind not in "iu" or _rows_shape(rows) != (len(index), *entry)
+                or (index.size and (index.min() < 0 or index.max() >= num_images))):
+            continue
+        fresh = file_of[index] < 0
+        if fresh.any():
+            file_of[index[fresh]], row_of[index[fresh]] = len(files), np.flatnonzero(fresh)
+            files.append(rows)
+    return Where(files, file_of, row_of)
+
+
+class PieceWriter:
+    """Collects one rank's encoded rows and writes them as whole pieces of about PIECE_ROWS rows."""
+
+    def __init__(self, folder: str):
+        self.folder = os.path.join(folder, PIECES)
+        self.index: List[np.ndarray] = []
+        self.rows: List[np.ndarray] = []
+        self.pending = 0
+
+    def add(self, index: np.ndarray, rows: np.ndarray) -> None:
+        """Keep rows (float16, b×F×K×C×H×W) of images `index`; write a piece once enough are kept."""
+        self.index.append(np.asarray(index, dtype=np.int64))
+        self.rows.append(rows)
+        self.pending += len(index)
+        if self.pending >= PIECE_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is kept as one piece: indices first, rows last (the rows' rename makes it count)."""
+        if not self.pending:
+            return
+        stem = os.path.join(self.folder, uuid.uuid4().hex)
+        os.makedirs(self.folder, exist_ok=True)
+        sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index))
+        sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))
+        self.index, self.rows, self.pending = [], [], 0
+
+
+def gather(where: Where, index: np.ndarray, opened: Dict[int, np.ndarray], select=None) -> np.ndarray:
+    """The stored rows of images `index` (all covered), `select` (a function of a rows view) applied per file."""
+    out = None
+    file_of = where.file_of[index]
+    for f in np.unique(file_of):
+        at = np.flatnonzero(file_of == f)
+        array = opened.get(int(f))
+        if array is None:
+            array = opened[int(f)] = np.load(where.files[int(f)], mmap_mode="r", allow_pickle=False)
+        # Plain ndarray view: np.memmap's subclass hooks cost microseconds per indexing.
+        part = np.asarray(array)[where.row_of[index[at]]]
+        part = select(part, at) if select is not None else part
+        if out is None:
+            out = np.empty((len(index), *part.shape[1:]), dtype=part.dtype)
+        out[at] = part
+    return out
+
+
+def pack(folder: str, where: Where, shard_ids, labels: np.ndarray) -> None:
+    """Write shards `shard_ids` from the rows on disk, as `dit extract` would have written them."""
+    num_images = len(labels)
+    total = num_shards(num_images)
+    opened: Dict[int, np.ndarray] = {}
+    for s in shard_ids:
+        name = sh.shard_name(s, total)
+        if sh.shard_done(folder, name):
+            continue
+        index = np.arange(s * SHARD_SIZE, min((s + 1) * SHARD_SIZE, num_images))
+        rows = gather(where, index, opened)
+        writer = sh.ShardWriter(folder, name, len(index), rows.shape[1:], STORAGE)
+        writer.add(rows, labels[index])
+        writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")))
+
+
+def read_manifest_or_none(folder: str) -> Optional[Dict]:
+    """The manifest of a complete cache, or None while it is incomplete."""
+    if not os.path.isfile(os.path.join(folder, sh.MANIFEST)):
+        return None
+    return sh.read_manifest(folder)
+
+
+def remove_pieces(folder: str) -> None:
+    """Drop the pieces of a cache whose shards and manifest are written."""
+    import shutil
+
+    shutil.rmtree(os.path.join(folder, PIECES), ignore_errors=True)

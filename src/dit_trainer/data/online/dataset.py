@@ -1,0 +1,103 @@
+"""An image folder read through its latent cache: the worker side of `dit train --data.path IMAGES`.
+
+A batch comes out of the DataLoader workers half made: images whose rows the cache holds are
+finished latents already (the flips and posterior noise `LatentShards` would draw), the others are
+decoded, center-cropped images for the main process to encode (`encoder.CacheEncoder`), which
+finishes them the same way. So every latent is what `dit extract` + `LatentShards` give.
+"""
+
+import os
+from typing import Dict, List, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from dit_trainer.data.images import IMAGE_ERRORS, load_image
+from dit_trainer.data.indexing import check_epoch
+from dit_trainer.data.online import cache as lc
+from dit_trainer.data.shards import epoch_draws, latents_from_rows
+
+
+def keep_batch(items):
+    """The DataLoader's collate_fn for half-made batches: `__getitems__` already made the batch."""
+    return items
+
+
+class ImageFolderLatents(Dataset):
+    """Map-style dataset over an image folder whose latents are cached as they are first encoded."""
+
+    def __init__(self, data_path: str, folder: str, plan: Dict, paths: List[str], labels: np.ndarray,
+                 class_names: List[str], random_flip: bool = True, seed: int = 0, vae=None):
+        self.data_path, self.root, self.plan = data_path, folder, plan
+        self.paths, self.labels, self.class_names = list(paths), np.asarray(labels, dtype=np.int64), class_names
+        self.num_classes = len(class_names)
+        self.latent_shape = tuple(int(s) for s in plan["latent_shape"])
+        self.image_size = int(plan["image_size"])
+        self.entry = (lc.ENTRY_FLIPS, lc.ENTRY_KINDS, *self.latent_shape)
+        self.random_flip, self.seed, self.epoch = bool(random_flip), int(seed), 0
+        # What the finished cache's manifest will say; the config takes the VAE and sizes from it.
+        self.manifest = {"vae": plan["vae"], "image_size": self.image_size, "scaling_factor": plan["scaling_factor"],
+                         "shift_factor": plan["shift_factor"]}
+        self.source = f"the image folder {data_path}"
+        self.vae = vae  # the frozen VAE, on the CPU until the trainer's encoder takes it
+        self.where = lc.scan(folder, len(self.paths), self.entry)
+        self._opened: Dict[int, np.ndarray] = {}
+        self._pid = os.getpid()
+        self._generator = None
+
+    def __getstate__(self):
+        # Workers need neither the VAE nor the parent's mmaps.
+        state = dict(self.__dict__)
+        state["vae"], state["_opened"], state["_generator"] = None, {}, None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose flips and posterior noise the latents take."""
+        self.epoch = check_epoch(epoch)
+
+    def rescan(self) -> None:
+        """Look again at what the cache holds (before an epoch's workers start)."""
+        self.where = lc.scan(self.root, len(self.paths), self.entry)
+        self._opened = {}
+
+    def finish(self, rows: np.ndarray, index: np.ndarray, flips: np.ndarray, noise_seeds) -> torch.Tensor:
+        """Latents from full rows b×F×K×C×H×W: the stored flip the draw picked, mean + std·noise."""
+        if self._generator is None or self._pid != os.getpid():
+            self._generator, self._pid = torch.Generator(), os.getpid()
+        picked = rows[np.arange(len(index)), flips.astype(np.int64)]
+        return latents_from_rows(picked, (flips, noise_seeds), True, self._generator)
+
+    def __getitems__(self, indices: Sequence[int]) -> Dict:
+        """A half-made batch: `x` finished where the cache had the rows, `todo` (positions), `images` and
+        `errors` ((position, message) of unreadable files) for the main process to encode."""
+        if self._pid != os.getpid():
+            self._opened, self._generator, self._pid = {}, None, os.getpid()
+        index = np.asarray([int(i) for i in indices], dtype=np.int64)
+        flips, seeds = epoch_draws(self.seed, self.epoch, index, self.random_flip, True)
+        x = torch.empty((len(index), *self.latent_shape))
+        cached = self.where.file_of[index] >= 0
+        have = np.flatnonzero(cached)
+        if have.size:
+            variant = flips[have].astype(np.int64)
+            # Only the flip the draw picked is read: half the bytes of a full row.
+            rows = lc.gather(self.where, index[have], self._opened, lambda part, at: part[np.arange(len(at)), variant[at]])
+            if self._generator is None:
+                self._generator = torch.Generator()
+            x[torch.from_numpy(have)] = latents_from_rows(rows, (flips[have], [seeds[j] for j in have]), True,
+                                                          self._generator)
+        todo = np.flatnonzero(~cached)
+        images, errors = [], []
+        for j in todo.tolist():
+            try:
+                images.append(load_image(self.paths[index[j]], self.image_size))
+            except IMAGE_ERRORS as err:
+                errors.append((j, f"{type(err).__name__}: {err}".replace("\n", " ")))
+        side = self.image_size
+        return {"epoch": self.epoch, "index": torch.from_numpy(index), "x": x,
+                "y": torch.from_numpy(self.labels[index]), "todo": torch.from_numpy(todo),
+                "images": torch.from_numpy(np.stack(images)) if images else torch.empty((0, side, side, 3), dtype=torch.uint8),
+                "errors": errors}

@@ -1,0 +1,110 @@
+"""Starting from released or earlier weights (`model.weights_path`): the model takes its shape from
+them, and a class count of the user's own starts only the label embedding anew.
+
+The shape is filled in like the data's (`data.loader.DataShapes`, which runs after this fill): the
+weights' values win over the defaults, a value the user set that they contradict is a one-line
+error, except `model.num_classes`. A run folder or checkpoint of ours records its model in
+`config.yaml`; a weights file is read off its tensors by the family's `weights_shape_fn`.
+"""
+
+import sys
+
+import torch
+
+from dit_trainer.config.load import set_key
+from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.models import get_spec, list_specs
+from dit_trainer.models.spec import SHARED_FIELDS
+
+SHAPE_FIELDS = ("input_size", "in_channels", "num_classes", "learn_sigma")
+
+
+def _recorded(reader, given_name, user_options: dict, source) -> dict:
+    """The model keys a checkpoint's config.yaml records, checked against the user's name and options."""
+    model = reader.config().model
+    if given_name and get_spec(given_name).name != get_spec(model.name).name:
+        raise ConfigError(f"model.name is {given_name} but {source} holds a {model.name}; leave model.name out "
+                          "(the weights decide it) or set it to that")
+    for key, value in user_options.items():
+        if key in model.options and model.options[key] != value:
+            raise ConfigError(f"model.{key} is {value} but {source} holds {model.options[key]}; leave model.{key} "
+                              "out (the weights decide it)")
+    return {"name": given_name or model.name, **{k: getattr(model, k) for k in SHAPE_FIELDS}, **model.options}
+
+
+def read_weights(path, cfg, given) -> tuple:
+    """(the model keys the weights at `path` need, their state dict in our names)."""
+    from dit_trainer.checkpoint import open as open_checkpoint
+
+    reader = open_checkpoint(path, "model.weights_path")
+    name = cfg.model.name if "model.name" in given else None
+    user_options = {k: v for k, v in cfg.model.options.items() if f"model.{k}" in given}
+    raw = reader.weights("ema")
+    if reader.config_file is not None and reader.config_file.is_file():
+        found = _recorded(reader, name, user_options, path)
+        return found, get_spec(found["name"]).from_released(raw)
+    # The user's family first; without a name, every family that can read weights.
+    specs = [get_spec(cfg.model.name)]
+    if name is None:
+        specs += [get_spec(n) for n in list_specs()]
+    tried, first = set(), None
+    for spec in specs:
+        fn = spec.weights_shape_fn
+        if fn is None or fn in tried:
+            continue
+        tried.add(fn)
+        state_dict = spec.from_released(raw)
+        try:
+            return fn(state_dict, name, user_options, path), state_dict
+        except CheckpointError as err:
+            first = first or err
+    raise first or CheckpointError(f"model {cfg.model.name} cannot read its shape from weights; set model.name")
+
+
+class PretrainedShapes:
+    """`build_config`'s first fill (see `DataShapes`): with `model.weights_path`, sets the model keys the
+    weights need where the user set none and returns them; `.state_dict` keeps the weights for the trainer."""
+
+    def __init__(self):
+        self.state_dict = None
+
+    def __call__(self, cfg, given: frozenset) -> set:
+        path = cfg.model.weights_path
+        if not path:
+            return set()
+        found, self.state_dict = read_weights(path, cfg, given)
+        done = set()
+        for key, value in found.items():
+            dotted = f"model.{key}"
+            if dotted not in given:
+                done |= set_key(cfg, dotted, value)
+                continue
+            have = getattr(cfg.model, key) if key in SHARED_FIELDS else cfg.model.options.get(key)
+            # A class count of the user's own: the label embedding starts anew (load_pretrained).
+            if key not in ("name", "num_classes") and have != value:
+                raise ConfigError(f"model.{key} is {have} but model.weights_path {path} holds {value}; leave "
+                                  f"model.{key} out (the weights decide it)")
+        return done
+
+
+def new_label_table(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """A label table of `rows` rows, each the weights' null-class row (their last): at step 0 every label
+    gets what the weights learnt without labels, and training moves each class from there, as
+    adaLN-Zero starts a new block as the identity."""
+    return table[-1:].expand(rows, -1).clone()
+
+
+def load_pretrained(model, spec, state_dict: dict, source, log: bool = True) -> None:
+    """Load `state_dict` into `model`; where only the class count differs, the label embedding starts anew."""
+    from dit_trainer.checkpoint import load_into
+
+    key = spec.label_embedding
+    want = model.state_dict().get(key)
+    have = state_dict.get(key)
+    if want is not None and have is not None and have.shape != want.shape and have.shape[1:] == want.shape[1:]:
+        state_dict = {**state_dict, key: new_label_table(have, want.shape[0]).to(want.dtype)}
+        if log:
+            print(f"model.weights_path {source} has {have.shape[0] - 1} classes, model.num_classes is "
+                  f"{model.num_classes}: the label embedding starts anew (every class from the weights' null-class "
+                  f"row); every other tensor is loaded", file=sys.stderr)
+    load_into(model, state_dict, source)
