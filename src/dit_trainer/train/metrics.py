@@ -99,3 +99,27 @@ def _records(path) -> list[dict]:
 def read_metrics(path) -> list[dict]:
     """All complete records of a `metrics.jsonl` (a half-written last line is skipped)."""
     return _records(path)
+
+
+def metrics_line(window: dict, lr: float, steps: int, elapsed: float, global_batch: int, device, skipped: int,
+                 mfu=None) -> dict:
+    """One metrics.jsonl record: the loss window's mean (and grad norm), lr, throughput, peak memory,
+    skipped steps when any, and TFLOP/s and MFU when `mfu` (an MFUMeter) is given."""
+    from dit_trainer.train.mfu import peak_memory_gb
+
+    line = {"loss": window["loss"], "lr": lr, "img_per_s": steps * global_batch / max(elapsed, 1e-9),
+            "s_per_step": elapsed / max(steps, 1), "peak_mem_gb": peak_memory_gb(device)}
+    if "grad_norm" in window:
+        line["grad_norm"] = window["grad_norm"]
+    if skipped:
+        line["skipped_steps"] = skipped
+    if mfu is not None:
+        line.update(mfu(line["img_per_s"]))
+    return line
+
+
+def console_line(step: int, line: dict) -> str:
+    """The console's view of a metrics record."""
+    extra = f"  mfu {line['mfu']:.1%}" if "mfu" in line else ""
+    return (f"step {step:7d}  loss {line['loss']:.4f}  {line['img_per_s']:.1f} img/s  "
+            f"{line['s_per_step']:.3f} s/step  peak {line['peak_mem_gb']:.2f} GB{extra}")

@@ -59,3 +59,19 @@ def check_grid_vae(cfg) -> None:
     if importlib.util.find_spec("diffusers") is None:
         raise ConfigError(f"logging.image_steps {cfg.logging.image_steps} decodes sample grids with the VAE "
                           f"{name}{where}, which needs diffusers (the vae extra); install it or set logging.image_steps 0")
+
+
+def check_layout(cfg, dims) -> None:
+    """One-line ConfigErrors for a batch or timestep sampler this parallel layout cannot split."""
+    if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler != "uniform" and cfg.objective == "diffusion":
+        # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
+        raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
+    local = dims.local_batch_size(cfg.train.global_batch_size)
+    if local % cfg.train.grad_accum_steps:  # checked before the run folder is touched
+        raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {cfg.train.grad_accum_steps}")
+    if dims.pp_enabled:
+        if cfg.train.grad_accum_steps > 1:
+            raise ConfigError("train.grad_accum_steps > 1 with parallel.pp > 1: raise parallel.pp_microbatches instead")
+        if local % cfg.parallel.pp_microbatches:
+            raise ConfigError(f"the per-rank batch {local} does not split into parallel.pp_microbatches "
+                              f"{cfg.parallel.pp_microbatches}; pick a divisor of {local}")

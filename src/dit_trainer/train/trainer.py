@@ -61,7 +61,7 @@ class DiTTrainer:
             enable_tf32()
         # Before the model: its first steps then settle into a heap they reuse.
         keep_freed_memory_on(self.device)
-        self._check_layout()
+        preflight.check_layout(cfg, self.dims)
         self.amp_dtype = resolve_amp_dtype(cfg.train.mixed_precision, self.device)
         torch.manual_seed(cfg.train.seed)
 
@@ -112,21 +112,6 @@ class DiTTrainer:
         self._stop = None  # why this rank was asked to stop (a signal's name), or None
 
     # -- layout ----------------------------------------------------------------------------
-
-    def _check_layout(self):
-        dims, cfg = self.dims, self.cfg
-        if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler != "uniform" and cfg.objective == "diffusion":
-            # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
-            raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
-        local = dims.local_batch_size(cfg.train.global_batch_size)
-        if local % cfg.train.grad_accum_steps:  # checked before the run folder is touched
-            raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {cfg.train.grad_accum_steps}")
-        if dims.pp_enabled:
-            if cfg.train.grad_accum_steps > 1:
-                raise ConfigError("train.grad_accum_steps > 1 with parallel.pp > 1: raise parallel.pp_microbatches instead")
-            if local % cfg.parallel.pp_microbatches:
-                raise ConfigError(f"the per-rank batch {local} does not split into parallel.pp_microbatches "
-                                  f"{cfg.parallel.pp_microbatches}; pick a divisor of {local}")
 
     def _parallelize(self, model) -> list:
         """The model family's plan on this layout; returns this rank's model parts."""
@@ -342,8 +327,8 @@ class DiTTrainer:
     def _train(self) -> dict:
         from tqdm.auto import tqdm
 
-        from dit_trainer.train.metrics import MetricsLogger
-        from dit_trainer.train.mfu import mfu_meter, peak_memory_gb
+        from dit_trainer.train.metrics import MetricsLogger, console_line, metrics_line
+        from dit_trainer.train.mfu import mfu_meter
 
         cfg, main = self.cfg, self.dims.is_main
         preflight.check_grid_vae(cfg)
@@ -378,24 +363,13 @@ class DiTTrainer:
             bar.update(1)
             if self.step % cfg.logging.log_steps == 0 or self.step == cfg.train.max_steps:
                 self.update.read_pending()
-                elapsed, steps = time.perf_counter() - t0, self.step - step0
-                window = self.update.window.read(self.dims)
-                last = {"loss": window["loss"], "lr": self.lr_scheduler.get_last_lr()[0],
-                        "img_per_s": steps * cfg.train.global_batch_size / max(elapsed, 1e-9),
-                        "s_per_step": elapsed / max(steps, 1), "peak_mem_gb": peak_memory_gb(self.device)}
-                if "grad_norm" in window:
-                    last["grad_norm"] = window["grad_norm"]
-                if self.skipped_steps:
-                    last["skipped_steps"] = self.skipped_steps
-                if mfu is not None:
-                    last.update(mfu(last["img_per_s"]))
+                last = metrics_line(self.update.window.read(self.dims), self.lr_scheduler.get_last_lr()[0],
+                                    self.step - step0, time.perf_counter() - t0, cfg.train.global_batch_size,
+                                    self.device, self.skipped_steps, mfu)
                 logger.log(self.step, last)
                 if main:
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
-                    # tqdm.write keeps the bar intact; without a bar this is a plain log line.
-                    extra = f"  mfu {last['mfu']:.1%}" if "mfu" in last else ""
-                    tqdm.write(f"step {self.step:7d}  loss {last['loss']:.4f}  {last['img_per_s']:.1f} img/s  "
-                               f"{last['s_per_step']:.3f} s/step  peak {last['peak_mem_gb']:.2f} GB{extra}")
+                    tqdm.write(console_line(self.step, last))  # keeps the bar intact; a plain line without one
                 t0, step0 = time.perf_counter(), self.step
             # Sharded EMA weights are gathered by every rank, so all of them call in.
             if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
