@@ -2,6 +2,7 @@
 registered under the release's names ("DiT-XL/2", ...)."""
 
 from dit_trainer.models.dit.config import DiTConfig
+from dit_trainer.models.dit.costs import dit_costs
 from dit_trainer.models.dit.flops import dit_train_flops_per_image
 from dit_trainer.models.dit.model import (  # noqa: F401 (the release's constructor names are public)
     DiT,
@@ -62,6 +63,7 @@ def register_family(constructors: dict, family: str, objective: str = "diffusion
                 pipelining_fn=_plan("pipeline_dit"),
                 state_dict_adapter=DiTStateDictAdapter(),
                 flops_fn=dit_train_flops_per_image,
+                costs_fn=lambda cfg, name=name: dit_costs(cfg, name),
                 objective=objective,
             ),
         )

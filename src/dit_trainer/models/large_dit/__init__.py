@@ -6,6 +6,7 @@ members of the family for tests and demos.
 """
 
 from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
+from dit_trainer.models.large_dit.costs import large_dit_costs
 from dit_trainer.models.large_dit.layers import swiglu_hidden
 from dit_trainer.models.large_dit.model import DiT_Llama
 from dit_trainer.models.large_dit.state_dict import LargeDiTStateDictAdapter
@@ -64,6 +65,7 @@ def _register():
             parallelize_fn=_plan("parallelize_large_dit"),
             pipelining_fn=_plan("pipeline_large_dit"),
             state_dict_adapter=LargeDiTStateDictAdapter(),
+            costs_fn=lambda cfg, size=size: large_dit_costs(cfg, f"LargeDiT-{size}/2", SIZES[size]),
         )
         register_spec(spec.name, spec)
         register_spec(f"DiT_Llama_{size}_patch2", spec)
