@@ -55,6 +55,7 @@ _NAMES = {
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
     "train.host_sync": ("auto", "step", "log"),
+    "parallel.layout": ("manual", "auto"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
 }

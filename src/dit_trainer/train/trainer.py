@@ -25,6 +25,7 @@ from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.pipeline import TargetPacking, pipeline_step
 from dit_trainer.parallel.utils import clip_grad_norm_, is_dtensor
+from dit_trainer.plan import apply_auto_layout
 from dit_trainer.train import checkpointing, host_sync, loop
 from dit_trainer.train.backends import fused_adamw, other_engine, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.signals import StopSignals
@@ -48,6 +49,8 @@ class DiTTrainer:
         else:
             validate(cfg)
         self.device = resolve_device(cfg.train.device)
+        if cfg.parallel.layout == "auto":  # dit plan's fastest layout that fits this world size, written into cfg
+            apply_auto_layout(cfg)
         self.dims = init_distributed(cfg.parallel, self.device)
         if self.device.type == "cuda" and self.dims.distributed:
             self.device = torch.device("cuda", torch.cuda.current_device())
