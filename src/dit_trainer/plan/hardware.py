@@ -36,6 +36,7 @@ class Hardware:
     intra_node_gbs: float = 360.0  # bus bandwidth of a collective inside a node, per device
     inter_node_gbs: float = 45.0  # across nodes, per device
     link_latency_us: float = 15.0  # per collective or send
+    crowded_latency_us: float = 0.0  # the same with more processes than `cores` (0: as link_latency_us)
     tp_module_overhead_s: float = 0.0  # host time a tensor-parallel layer adds per forward+backward (DTensor)
     step_overhead_s: float = 0.035  # per optimizer step: host work, synchronisation
     microbatch_overhead_s: float = 0.0  # per forward+backward of a micro-batch: launches, Python

@@ -52,10 +52,15 @@ class RankMemory:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pp_rank"}
 
 
-def compiled_kept(costs, budget: float, act_bytes: int, tp: int) -> int:
-    """How many of the family's compiled-block items a compiled block keeps at
-    `train.activation_memory_budget` `budget`: in order, while they fit in budget x (all items)."""
-    sizes = [item.nbytes(act_bytes, tp) for item in costs.compiled_items]
+def compiled_items(costs, fused_attention: bool) -> tuple:
+    """The family's compiled-block items; a fused attention kernel never materialises the scores."""
+    return tuple(i for i in costs.compiled_items if not (fused_attention and i == costs.scores))
+
+
+def compiled_kept(costs, budget: float, act_bytes: int, tp: int, fused_attention: bool = False) -> int:
+    """How many of `compiled_items` a compiled block keeps at `train.activation_memory_budget`
+    `budget`: in order, while they fit in budget x (all items)."""
+    sizes = [item.nbytes(act_bytes, tp) for item in compiled_items(costs, fused_attention)]
     room, kept = budget * sum(sizes) + 1e-9, 0
     for size in sizes:
         if size > room:
@@ -64,10 +69,11 @@ def compiled_kept(costs, budget: float, act_bytes: int, tp: int) -> int:
     return kept
 
 
-def compiled_saved(costs, budget: float, act_bytes: int, tp: int) -> PerToken:
+def compiled_saved(costs, budget: float, act_bytes: int, tp: int, fused_attention: bool = False) -> PerToken:
     """What a compiled block keeps per token at `budget`: its input and the items it keeps."""
     kept = costs.compiled_input
-    for item in costs.compiled_items[:compiled_kept(costs, budget, act_bytes, tp)]:
+    items = compiled_items(costs, fused_attention)
+    for item in items[:compiled_kept(costs, budget, act_bytes, tp, fused_attention)]:
         kept = kept + item
     return kept
 
@@ -75,7 +81,7 @@ def compiled_saved(costs, budget: float, act_bytes: int, tp: int) -> PerToken:
 def saved_per_token(costs, layout, numerics: Numerics) -> PerToken:
     """What one block keeps per token for its backward under the layout's AC/compile policy."""
     if layout.ac == "none" and layout.compile:
-        kept = compiled_saved(costs, layout.budget, numerics.act_bytes, layout.tp)
+        kept = compiled_saved(costs, layout.budget, numerics.act_bytes, layout.tp, numerics.fused_attention)
     else:
         kept = costs.saved[layout.ac]
     if numerics.fused_attention and layout.ac in ("none", "selective"):

@@ -17,7 +17,7 @@ GPipe and 1F1B idle (pp - 1) micro-batch slots per step, interleaved 1F1B half a
 import math
 from dataclasses import dataclass, fields
 
-from dit_trainer.plan.memory import _uses_fsdp, compiled_kept, resid_bytes, stage_of
+from dit_trainer.plan.memory import _uses_fsdp, compiled_items, compiled_kept, resid_bytes, stage_of
 
 DDP_BUCKET_BYTES = 100 * 2**20  # the trainer's replicate(bucket_cap_mb=100)
 
@@ -93,8 +93,8 @@ def _compute(costs, layout, machine, numerics, tokens, blocks, first, last):
         recompute = elementwise / 3 + (0.0 if numerics.fused_attention else tokens * blocks * attention / mm_rate)
     elif layout.compile and layout.budget < 1:
         # What the budget leaves out is recomputed: pointwise work, and q kᵀ once the scores go.
-        kept = compiled_kept(costs, layout.budget, numerics.act_bytes, tp)
-        items = costs.compiled_items
+        kept = compiled_kept(costs, layout.budget, numerics.act_bytes, tp, numerics.fused_attention)
+        items = compiled_items(costs, numerics.fused_attention)
         recompute = (len(items) - kept) / len(items) * elementwise / 3
         if not numerics.fused_attention and costs.scores in items[kept:]:
             recompute += tokens * blocks * attention / 2 / mm_rate
@@ -106,6 +106,9 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
     """The predicted seconds of one optimizer step of `layout` (the slowest pipeline rank's)."""
     hw = machine.hardware
     lat = hw.link_latency_us * 1e-6
+    if machine.core_share > 1 and hw.crowded_latency_us:
+        # Processes outnumber the cores: a collective waits until its peers are scheduled too.
+        lat = hw.crowded_latency_us * 1e-6 / machine.core_share
     tp, shard, rep, pp, m = layout.tp, layout.dp_shard, layout.dp_replicate, layout.pp, layout.microbatches
     tokens = global_batch // layout.dp * costs.tokens  # per rank per step
     tokens_mb = tokens // m
