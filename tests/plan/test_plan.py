@@ -86,6 +86,8 @@ def test_apply_auto_layout_writes_the_top_plan_and_the_config_keeps_it(tmp_path)
                                                                  plan.layout.tp, plan.layout.pp)
     assert par.dp_replicate * par.dp_shard * par.tp * par.pp == 4
     assert cfg.train.activation_checkpointing == plan.layout.ac
+    # train.compile auto: a model under 10M parameters never repays the compile.
+    assert cfg.train.compile == "false" and not plan.layout.compile
     save_config(cfg, tmp_path / "config.yaml")
     again = load_config(tmp_path / "config.yaml")
     assert (again.parallel.dp_shard, again.parallel.tp, again.parallel.pp) == (par.dp_shard, par.tp, par.pp)

@@ -24,8 +24,13 @@ def apply_auto_layout(cfg, world_size=None, hardware=None, gpus_per_node=None, g
     from dit_trainer.plan.hardware import detect_hardware, load_hardware
     from dit_trainer.plan.search import make_request, plan_layouts
 
+    from dit_trainer.devices import compile_supported
+
     world = int(world_size or os.environ.get("WORLD_SIZE", "1"))
-    device = resolve_device(cfg.train.device).type
+    resolved = resolve_device(cfg.train.device)
+    device = resolved.type
+    if cfg.train.compile == "auto" and not compile_supported(resolved):
+        cfg.train.compile = "false"  # as `auto` would decide here: no compiler for this device
     per_node, memory = _machine(device, world)
     hw = load_hardware(hardware) if hardware is not None else detect_hardware(device)
     request = make_request(cfg, world, gpus_per_node or per_node, hw, gpu_memory_gib or memory)

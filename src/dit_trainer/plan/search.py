@@ -3,12 +3,14 @@
 from dataclasses import dataclass, field
 
 from dit_trainer.config import user_keys
+from dit_trainer.devices import COMPILE_MIN_PARAMS
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.plan.hardware import load_hardware
 from dit_trainer.plan.layouts import AC_POLICIES, Layout, candidate_layouts
 from dit_trainer.plan.memory import Numerics, rank_memory
 from dit_trainer.plan.timing import Machine, StepTime, step_time
+from dit_trainer.train.backends import AUTO_COMPILE_MIN_STEPS
 
 GIB = 2**30
 
@@ -74,11 +76,13 @@ def make_request(cfg, gpus: int, gpus_per_node: int = 0, hardware="h100", gpu_me
     return Request(cfg, gpus, min(per_node, gpus), load_hardware(hardware), gpu_memory_gib, user_keys(cfg))
 
 
-def _choices(request):
+def _choices(request, costs):
     cfg, pinned = request.cfg, request.pinned
     ac = (cfg.train.activation_checkpointing,) if "train.activation_checkpointing" in pinned else AC_POLICIES
-    if "train.compile" in pinned and cfg.train.compile in ("true", "false"):
+    if cfg.train.compile in ("true", "false") and ("train.compile" in pinned or cfg.train.compile == "false"):
         compiled = (cfg.train.compile == "true",)
+    elif cfg.train.max_steps < AUTO_COMPILE_MIN_STEPS or costs.trainable < COMPILE_MIN_PARAMS:
+        compiled = (False,)  # what `train.compile auto` decides: the ~1 min compile would not repay
     else:
         compiled = (False, True)
     return ac, compiled
@@ -94,7 +98,7 @@ def plan_layouts(request: Request) -> list:
     numerics = Numerics.of(cfg.train.mixed_precision, request.hardware.device)
     machine = Machine(request.gpus, request.gpus_per_node, request.hardware)
     batch = cfg.train.global_batch_size
-    ac, compiled = _choices(request)
+    ac, compiled = _choices(request, costs)
     plans = []
     for layout in candidate_layouts(request.gpus, request.gpus_per_node, costs.depth, batch, costs.tp_divides,
                                     ac_choices=ac, compile_choices=compiled):
