@@ -4,14 +4,15 @@
     python benchmarks/hardware_profile.py --out src/dit_trainer/plan/profiles/cpu.yaml
 
 On a CPU it measures what the planner prices, per process with one thread (as the benchmarks
-launch them), timing each with the time its thread waited for a core left out (run_queue.py),
-so that the profile holds the rates of a core of one's own on a shared machine: the bf16 matmul rate at a square size and at DiT blocks' shapes (their ratio is the
-matmul efficiency), forward+backward elements/s of each elementwise op class, what compiling a
-block's pointwise chain leaves of its time, AdamW + EMA + gradient norm per parameter (fused, and
-the per-parameter loop that several gloo processes use), the trainer's per-step host work,
-gloo's all-reduce / all-gather / reduce-scatter bandwidth and latency between two processes (and the
-latency with twice as many processes as cores), and
-the host time a tensor-parallel Linear (DTensor) adds to a forward+backward.
+launch them), each timing less the time its thread waited for a core (run_queue.py), so that the
+profile holds the rates of cores of one's own on a shared machine: the bf16 matmul rate at a
+square size and at DiT blocks' shapes (their ratio is the matmul efficiency), forward+backward
+elements/s of each elementwise op class, what compiling a block's pointwise chain leaves of its
+time, AdamW + EMA + gradient norm per parameter (fused, and the per-parameter loop that several
+gloo processes use), the trainer's per-step and per-micro-batch host work, gloo's all-reduce /
+all-gather / reduce-scatter bandwidth and latency between two processes (and the latency with twice
+as many processes as cores), and the host time a tensor-parallel Linear (DTensor) adds to a
+forward+backward.
 Best of a few repetitions each; check `cat /proc/loadavg` first: a busy neighbour slows them all.
 """
 
@@ -273,14 +274,16 @@ def main():
     total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     profile = Hardware(
-        name=args.name, device="cpu", bf16_tflops=round(peak / 1e12, 4), matmul_efficiency=round(model_rate / peak, 3),
-        matmul_half_tokens=round(half, 1),
-        memory_gib=round(total_gib, 1), memory_reserved_gib=0.0, memory_bandwidth_gbs=round(copy_bandwidth() / 1e9, 2),
+        name=args.name, device="cpu", bf16_tflops=round(peak / 1e12, 4),
+        matmul_efficiency=round(model_rate / peak, 3), matmul_half_tokens=round(half, 1),
+        memory_gib=round(total_gib, 1), memory_reserved_gib=0.0,
+        memory_bandwidth_gbs=round(copy_bandwidth() / 1e9, 2),
         elementwise_gelem_s={k: round(v / 1e9, 4) for k, v in elementwise.items()},
         compiled_elementwise=round(share, 3), optimizer_s_per_param=float(f"{fused:.3g}"),
         loop_optimizer_s_per_tensor=float(f"{loop_tensor:.3g}"), loop_optimizer_s_per_param=float(f"{loop_param:.3g}"),
         intra_node_gbs=round(bus / 1e9, 3), inter_node_gbs=round(bus / 1e9, 3),
-        link_latency_us=round(latency * 1e6, 1), crowded_latency_us=round(crowded * 1e6, 1), tp_module_overhead_s=float(f"{tp_module:.3g}"), step_overhead_s=round(overhead, 4),
+        link_latency_us=round(latency * 1e6, 1), crowded_latency_us=round(crowded * 1e6, 1),
+        tp_module_overhead_s=float(f"{tp_module:.3g}"), step_overhead_s=round(overhead, 4),
         microbatch_overhead_s=round(micro, 4), overlap=False,
         cores=cores,
         source=f"benchmarks/hardware_profile.py {when}, torch {torch.__version__}, {cores} cores, "

@@ -203,8 +203,8 @@ def main():
           "CPU allocator's peak over the step (step_memory.py); the rank farthest from its prediction")
     print("# time: predicted for the cores shared by the launch's processes only; measured = median of "
           f"{args.steps} steps of the slowest rank, beside it the largest share of a step any rank's main thread "
-          "waited on a run queue ('waited', run_queue.py); 'own' = the wait the launch's own processes cause (1 - cores / processes); the error is "
-          "that of the median less the wait beyond 'own' (other users' load)")
+          "waited on a run queue ('waited', run_queue.py); 'own' = the wait the launch's own processes cause "
+          "(1 - cores / processes); the error is that of the median less the wait beyond 'own' (other users' load)")
     print("| case | ranks | model | batch | layout | AC/compile | pred MiB | meas MiB | mem err | pred s | "
           "meas s | waited | own | meas - others s | time err |")
     print("|---|--:|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
@@ -227,7 +227,8 @@ def main():
               f"{memory[rank['pp_rank']] / 2**20:.0f} | {rank['peak'] / 2**20:.0f} | {100 * err:+.1f}% | "
               f"{seconds:.3f} | {slow['median_s']:.3f} | {100 * waited:.0f}% | {100 * own:.0f}% | "
               f"{mine:.3f} | {100 * terr:+.1f}% |")
-    print(f"# largest error: memory {100 * worst_mem:.1f}%, time {100 * worst_time:.1f}% (the measured step less others' wait)")
+    print(f"# largest error: memory {100 * worst_mem:.1f}%, time {100 * worst_time:.1f}% "
+          "(the measured step less others' wait)")
 
 
 if __name__ == "__main__":

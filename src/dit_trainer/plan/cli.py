@@ -26,7 +26,8 @@ def add_commands(sub) -> None:
     p.add_argument("--model", default=None, help="model name (model.name), e.g. DiT-XL/2 or LargeDiT-7B/2")
     p.add_argument("--image-size", type=int, default=None,
                    help="image side in pixels; the latents are 1/8 of it (sets model.input_size)")
-    p.add_argument("--global-batch-size", type=int, default=None, help="images per optimizer step (train.global_batch_size)")
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="images per optimizer step (train.global_batch_size)")
     p.add_argument("--gpus", type=int, default=1, help="devices (processes) in all")
     p.add_argument("--gpus-per-node", type=int, default=0, help="devices per node (default: --gpus, at most 8)")
     p.add_argument("--gpu-memory", default=None, help="memory of one device, e.g. 80GiB (default: the profile's)")

@@ -78,7 +78,8 @@ def load_hardware(name_or_path) -> Hardware:
     known = {f.name for f in fields(Hardware)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"hardware profile {path} has unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ConfigError(f"hardware profile {path} has unknown keys {', '.join(unknown)}; "
+                          f"known: {', '.join(sorted(known))}")
     missing = [k for k in ELEMENTWISE_CLASSES if k not in (data.get("elementwise_gelem_s") or {})]
     if missing:
         raise ConfigError(f"hardware profile {path}: elementwise_gelem_s lacks {', '.join(missing)}")

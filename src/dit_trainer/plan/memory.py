@@ -156,7 +156,8 @@ def _rank(costs, layout, global_batch, numerics, pp_rank) -> RankMemory:
     saved = saved_per_token(costs, layout, numerics)
     block_mb = tokens * saved.nbytes(a, tp, r)
     per_mb = blocks * block_mb + (tokens * costs.edge_saved.nbytes(a, 1, r) if last else 0)
-    transient = tokens * (costs.transient.nbytes(a, tp, r) + (0 if numerics.fused_attention else costs.scores.nbytes(a, tp)))
+    scores = 0 if numerics.fused_attention else costs.scores.nbytes(a, tp)  # the matmul path's backward
+    transient = tokens * (costs.transient.nbytes(a, tp, r) + scores)
     if _uses_fsdp(layout):
         # A block's backward leaves its unsharded gradient and the float32 reduce-scatter input,
         # which outweigh the activations it frees only at tiny batches.

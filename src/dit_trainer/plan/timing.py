@@ -133,7 +133,7 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
     dp_comm, first_gather = 0.0, 0.0
     pb = 2 if a == 2 else 4
     if _uses_fsdp(layout):
-        gathered = blocks * block_local + max(costs.first.trainable, costs.last.trainable)
+        gathered = blocks * block_local + _edges(costs, pp, "trainable")
         gathers = 1 if pp > 1 else 2 * m  # forward and backward of every micro-batch, or once under PP
         bw = machine.link(tp * shard)
         gather = _gather(pb * gathered, shard, bw, lat * (blocks + 1))
@@ -148,7 +148,8 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
         first_gather = dp_comm / buckets
 
     # Pipeline: activations forward and gradients back, once per micro-batch.
-    send = lat + tokens_mb * costs.boundary.nbytes(a, 1, resid_bytes(layout, numerics)) / machine.link(machine.world) if pp > 1 else 0.0
+    boundary = tokens_mb * costs.boundary.nbytes(a, 1, resid_bytes(layout, numerics))
+    send = lat + boundary / machine.link(machine.world) if pp > 1 else 0.0
     p2p = 2 * send * ((pp - 1) if hw.overlap else (m + pp - 1))
     bubble = 0.0
     if pp > 1:
@@ -163,11 +164,17 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
     return StepTime(compute, recompute, (tp_comm + dp_comm + p2p) * share, bubble, optimizer, overhead * share)
 
 
+def _edges(costs, pp: int, count: str) -> float:
+    """`count` of the embedders and head one rank holds: both on one stage, the larger under PP."""
+    first, last = getattr(costs.first, count), getattr(costs.last, count)
+    return first + last if pp == 1 else max(first, last)
+
+
 def _optimizer(costs, layout, machine, blocks) -> float:
     """AdamW, the EMA update and the gradient norm over this rank's shard of the weights."""
     hw = machine.hardware
-    local = (blocks * costs.block.local(layout.tp) + max(costs.first.trainable, costs.last.trainable)) / layout.dp_shard
-    tensors = blocks * costs.block.tensors + max(costs.first.tensors, costs.last.tensors)
+    local = (blocks * costs.block.local(layout.tp) + _edges(costs, layout.pp, "trainable")) / layout.dp_shard
+    tensors = blocks * costs.block.tensors + _edges(costs, layout.pp, "tensors")
     # On a CPU the trainer's AdamW is fused in one process and a per-parameter loop in several.
     if hw.device == "cpu" and machine.world > 1 and hw.loop_optimizer_s_per_param:
         return (local * hw.loop_optimizer_s_per_param + tensors * hw.loop_optimizer_s_per_tensor) * machine.core_share
