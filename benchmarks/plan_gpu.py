@@ -5,7 +5,8 @@
 
 `--logs` reads the tables train_step.py printed inside gpu_check.sh (variants bf16+compile and
 bf16+compile+ac: peak `torch.cuda.max_memory_allocated`, img/s) and prices the same runs with
-`dit_trainer.plan` on the profile of the GPU it finds (h200, h100, a100; else h100). `--measure`
+`dit_trainer.plan` on the profile of the GPU it finds (h200, h100, a100; else h100), or on
+`--hardware` where the logs are read without a GPU. `--measure`
 trains them itself (`DiTTrainer.train_step`, bf16 autocast, `--variants`), reading the allocator's
 peak over one step (step_memory.py) and the median of `--steps` timed steps. Either way it also
 prints `dit plan`'s ranking for the GPU at batch 256.
@@ -119,14 +120,20 @@ def main():
 
     from dit_trainer.plan.hardware import detect_hardware, load_hardware
 
-    if not torch.cuda.is_available():
-        print("plan_gpu: no CUDA GPU; run it on a GPU machine", file=sys.stderr)
+    here = args.measure or args.logs is None
+    if (here or not args.hardware) and not torch.cuda.is_available():
+        print("plan_gpu: no CUDA GPU; run it on a GPU machine (or read --logs with --hardware)", file=sys.stderr)
         return 2
     hardware = load_hardware(args.hardware) if args.hardware else detect_hardware("cuda")
     rows = (measure([int(b) for b in args.batches.split(",")], args.variants.split(","), args.steps)
-            if args.measure or args.logs is None else from_logs(args.logs))
-    gpu = torch.cuda.get_device_name()
-    print(f"# benchmarks/plan_gpu.py  {time.strftime('%Y-%m-%d %H:%M')}  {gpu}, torch {torch.__version__}; "
+            if here else from_logs(args.logs))
+    if torch.cuda.is_available():
+        gpu, memory = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / 2**30
+    else:  # logs read elsewhere: gpu_check.sh recorded the GPU
+        gpu_file = args.logs / "gpu"
+        gpu = gpu_file.read_text().strip() if gpu_file.is_file() else hardware.name
+        memory = hardware.memory_gib
+    print(f"# benchmarks/plan_gpu.py  {time.strftime('%Y-%m-%d %H:%M')}  {gpu}; planned with torch {torch.__version__}; "
           f"{MODEL} 256 px, one GPU, profile {hardware.name}; "
           f"{'measured here' if args.measure or args.logs is None else f'measured by gpu_check.sh in {args.logs}'}")
     print("| batch | variant | pred peak MiB | meas peak MiB | mem err | pred img/s | meas img/s | speed err |")
@@ -135,7 +142,7 @@ def main():
         p_mib, p_img = predict(hardware, batch, variant)
         print(f"| {batch} | {variant} | {p_mib:.0f} | {mib:.0f} | {100 * (mib / p_mib - 1):+.1f}% | {p_img:.1f} | "
               f"{img_s:.1f} | {100 * (img_s / p_img - 1):+.1f}% |")
-    memory = f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f}GiB"
+    memory = f"{memory:.0f}GiB"
     print(f"\n## dit plan --model {MODEL} --gpus 1 --gpu-memory {memory} --hardware {hardware.name}", flush=True)
     subprocess.run([sys.executable, "-m", "dit_trainer", "plan", "--model", MODEL, "--gpus", "1", "--gpu-memory",
                     memory, "--hardware", hardware.source if os.path.isfile(hardware.source) else hardware.name,
