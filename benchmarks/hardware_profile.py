@@ -11,8 +11,8 @@ elements/s of each elementwise op class, what compiling a block's pointwise chai
 time, AdamW + EMA + gradient norm per parameter (fused, and the per-parameter loop that several
 gloo processes use), the trainer's per-step and per-micro-batch host work, gloo's all-reduce /
 all-gather / reduce-scatter bandwidth and latency between two processes (and the latency with twice
-as many processes as cores), and the host time a tensor-parallel Linear (DTensor) adds to a
-forward+backward.
+as many processes as cores), and what FSDP's hooks and DTensor's dispatch cost on the host per block
+(a tiny DiT's steps under FSDP and TP on two processes against one).
 Best of a few repetitions each; check `cat /proc/loadavg` first: a busy neighbour slows them all.
 """
 
@@ -49,7 +49,7 @@ def _block_matmuls(m, d, dtype):
     def train():
         x @ w.t(), g @ w, g.t() @ x
 
-    return 3 * 2 * m * d * 4 * d / best(train, 3)
+    return 3 * 2 * m * d * 4 * d / best(train, 5)
 
 
 def matmul_rates(dtype):
@@ -58,7 +58,7 @@ def matmul_rates(dtype):
 
     n = 2048
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    peak = 2 * n**3 / best(lambda: a @ b, 3)
+    peak = 2 * n**3 / best(lambda: a @ b, 7)
     many, few = 4096, 256
     large = statistics.median(_block_matmuls(many, d, dtype) for d in (256, 384, 768, 1152))
     small = statistics.median(_block_matmuls(few, d, dtype) for d in (256, 384, 768, 1152))
@@ -191,42 +191,75 @@ def _gloo_worker(rank, world, path, queue):
         for name, op in ops.items():
             dist.barrier()
             out[(name, size)] = best(op, 5)
-    out["tp_module"] = _tp_module_seconds(world)
     if rank == 0:
         queue.put(out)
     dist.destroy_process_group()
 
 
-def _tp_module_seconds(world, modules=4):
-    """Host time one tensor-parallel Linear adds to a forward+backward (DTensor dispatch, redistribution),
-    beyond the plain layer and its all-reduces: tiny layers, so the arithmetic does not count."""
+TINY = {"name": "DiT-S/2", "input_size": 4, "depth": 4, "hidden_size": 16, "num_heads": 2, "num_classes": 10}
+
+
+def tiny_step(parallel: dict, per_rank: int = 4) -> float:
+    """Seconds of a trainer step of a 4-block DiT too small to compute anything, under `parallel`:
+    what the wrappers (FSDP's hooks, DTensor's dispatch) and the host work cost besides arithmetic."""
+    import torch
+
+    from dit_trainer.config import config_from_dict
+    from dit_trainer.train import DiTTrainer
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dp = world // parallel.get("tp", 1)
+    cfg = config_from_dict({"output_dir": tempfile.mkdtemp(), "model": TINY,
+                            "train": {"global_batch_size": per_rank * dp, "device": "cpu", "compile": "false"},
+                            "logging": {"tensorboard": False, "progress": False},
+                            "parallel": {"dp_shard": -1, **parallel}})
+    trainer = DiTTrainer(cfg, dataset=[(torch.randn(4, 4, 4), torch.tensor(1))] * 8)
+    batch = (torch.randn(per_rank, 4, 4, 4), torch.randint(0, 10, (per_rank,)))
+    return statistics.median(best(lambda: trainer.train_step(batch), 1) for _ in range(7))
+
+
+def _wrapper_worker(rank, world, port, queue):
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    def stack():
-        torch.manual_seed(0)
-        return nn.Sequential(*(nn.Linear(64, 64) for _ in range(modules)))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    out = {"fsdp": tiny_step({"dp_shard": world}), "tp": tiny_step({"tp": world, "dp_shard": 1})}
+    if rank == 0:
+        queue.put(out)
+    dist.destroy_process_group()
 
-    x = torch.randn(8, 64)
-    plain = stack()
-    sharded = parallelize_module(stack(), init_device_mesh("cpu", (world,)),
-                                 {str(i): ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(modules)})
-    small = torch.randn(256)
-    dist.barrier()
-    reduce = best(lambda: dist.all_reduce(small), 5)
-    dist.barrier()
-    tp = best(lambda: sharded(x).sum().backward(), 5)
-    one = best(lambda: plain(x).sum().backward(), 5)
-    # A row-wise layer all-reduces its output forward, a column-wise one its input's gradient backward.
-    return max(0.0, (tp - one - modules * reduce) / modules)
+
+def wrapper_costs(latency: float, world=2):
+    """(FSDP host seconds per block per forward+backward, a tensor-parallel layer's per forward+backward),
+    from tiny DiT steps on `world` processes against one, less the collectives' latency."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_wrapper_worker, args=(r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out = queue.get()
+    for p in procs:
+        p.join()
+    single = tiny_step({})
+    blocks = TINY["depth"]
+    # A block gathers its weights forward and backward and reduce-scatters its gradients; DiT's
+    # block wraps 4 layers for TP, which all-reduce 4 times between them.
+    fsdp = max(0.0, (out["fsdp"] - single) / blocks - 3 * latency)
+    tp = max(0.0, (out["tp"] - single) / (4 * blocks) - latency)
+    return fsdp, tp
 
 
 def gloo_links(world=2):
-    """(bus bandwidth bytes/s, latency s) of gloo collectives between `world` local processes, and
-    the host seconds a tensor-parallel Linear adds per forward+backward."""
+    """(bus bandwidth bytes/s, latency s) of gloo collectives between `world` local processes."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -245,7 +278,7 @@ def gloo_links(world=2):
     full = {"all_reduce": big, "all_gather": big * world, "reduce_scatter": big * world}
     latency = statistics.median(out[(k, 4096)] for k in factor)
     bus = statistics.median(factor[k] * full[k] / max(out[(k, big)] - latency, 1e-9) for k in factor)
-    return bus, latency, out["tp_module"]
+    return bus, latency
 
 
 def main():
@@ -268,7 +301,8 @@ def main():
     fused, loop_param, loop_tensor = optimizer_costs()
     overhead, micro = step_overhead()
     share = 0.6 if args.no_compile else compiled_share()
-    bus, latency, tp_module = gloo_links()
+    bus, latency = gloo_links()
+    fsdp_block, tp_module = wrapper_costs(latency)
     # More processes than cores: a collective also waits for its peers to be scheduled.
     crowded = gloo_links(2 * cores)[1] if cores < 4 else latency
     total_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -283,7 +317,8 @@ def main():
         loop_optimizer_s_per_tensor=float(f"{loop_tensor:.3g}"), loop_optimizer_s_per_param=float(f"{loop_param:.3g}"),
         intra_node_gbs=round(bus / 1e9, 3), inter_node_gbs=round(bus / 1e9, 3),
         link_latency_us=round(latency * 1e6, 1), crowded_latency_us=round(crowded * 1e6, 1),
-        tp_module_overhead_s=float(f"{tp_module:.3g}"), step_overhead_s=round(overhead, 4),
+        tp_module_overhead_s=float(f"{tp_module:.3g}"), fsdp_block_overhead_s=float(f"{fsdp_block:.3g}"),
+        step_overhead_s=round(overhead, 4),
         microbatch_overhead_s=round(micro, 4), overlap=False,
         cores=cores,
         source=f"benchmarks/hardware_profile.py {when}, torch {torch.__version__}, {cores} cores, "

@@ -38,6 +38,7 @@ class Hardware:
     link_latency_us: float = 15.0  # per collective or send
     crowded_latency_us: float = 0.0  # the same with more processes than `cores` (0: as link_latency_us)
     tp_module_overhead_s: float = 0.0  # host time a tensor-parallel layer adds per forward+backward (DTensor)
+    fsdp_block_overhead_s: float = 0.0  # host time FSDP adds per wrapped block per forward+backward (hooks, copies)
     step_overhead_s: float = 0.035  # per optimizer step: host work, synchronisation
     microbatch_overhead_s: float = 0.0  # per forward+backward of a micro-batch: launches, Python
     overlap: bool = True  # communication runs beside compute (CUDA streams); a CPU's cores do both

@@ -11,7 +11,8 @@ says (`tp_allreduces`); pipeline stages send the activations and their gradients
 micro-batch. Where the device computes while it communicates (`overlap`), FSDP's and DDP's
 collectives hide behind the compute of the other blocks and only the first gather and what
 exceeds the compute show; tensor parallelism's all-reduces sit on the critical path everywhere.
-GPipe and 1F1B idle (pp - 1) micro-batch slots per step, interleaved 1F1B half as many.
+GPipe and 1F1B idle (pp - 1) micro-batch slots per step, interleaved 1F1B half as many (on a CPU
+whose cores the processes share, another process takes an idle stage's core).
 """
 
 import math
@@ -154,11 +155,15 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
     bubble = 0.0
     if pp > 1:
         bubble = (compute + recompute + tp_comm) * (pp - 1) / (m * layout.stages_per_rank)
+        # Processes sharing cores hand an idle stage's core to another: at two per core nothing idles.
+        bubble *= max(0.0, 2.0 - machine.core_share)
 
     if hw.overlap:
         dp_comm = max(0.0, dp_comm - (compute + recompute)) + first_gather
     optimizer = _optimizer(costs, layout, machine, blocks)
     overhead = hw.step_overhead_s + m * hw.microbatch_overhead_s
+    if _uses_fsdp(layout):
+        overhead += blocks * m * hw.fsdp_block_overhead_s
     # On a CPU the collectives and the host work run on the shared cores too.
     share = machine.core_share
     return StepTime(compute, recompute, (tp_comm + dp_comm + p2p) * share, bubble, optimizer, overhead * share)
