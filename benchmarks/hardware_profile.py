@@ -236,19 +236,10 @@ def wrapper_costs(latency: float, world=2):
     from tiny DiT steps on `world` processes against one, less the collectives' latency."""
     import socket
 
-    import torch.multiprocessing as mp
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_wrapper_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out = queue.get()
-    for p in procs:
-        p.join()
+    out = spawned(_wrapper_worker, world, port)
     single = tiny_step({})
     blocks = TINY["depth"]
     # A block gathers its weights forward and backward and reduce-scatters its gradients; DiT's
@@ -258,19 +249,24 @@ def wrapper_costs(latency: float, world=2):
     return fsdp, tp
 
 
-def gloo_links(world=2):
-    """(bus bandwidth bytes/s, latency s) of gloo collectives between `world` local processes."""
+def spawned(worker, world: int, rendezvous):
+    """What rank 0 of `world` spawned `worker(rank, world, rendezvous, queue)` processes puts in the queue."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    path = tempfile.mktemp()
-    procs = [ctx.Process(target=_gloo_worker, args=(r, world, path, queue)) for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, world, rendezvous, queue)) for r in range(world)]
     for p in procs:
         p.start()
     out = queue.get()
     for p in procs:
         p.join()
+    return out
+
+
+def gloo_links(world=2):
+    """(bus bandwidth bytes/s, latency s) of gloo collectives between `world` local processes."""
+    out = spawned(_gloo_worker, world, tempfile.mktemp())
     big = 16 * 2**20
     factor = {"all_reduce": 2 * (world - 1) / world, "all_gather": (world - 1) / world,
               "reduce_scatter": (world - 1) / world}
