@@ -81,3 +81,11 @@ fi
 
 echo
 "$py" "$here/gpu_check.py" summary "$logs"
+
+# The planner against the training sub-runs above: dit plan's predicted peak memory and img/s of
+# DiT-XL/2 at batch 32 and 128 beside train_step.py's measurements (benchmarks/plan_gpu.py).
+summary_rc=$?
+echo
+run plan 60 "$py" "$here/plan_gpu.py" --logs "$logs"
+grep '^plan ' "$logs/status"
+exit "$summary_rc"

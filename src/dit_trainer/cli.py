@@ -16,6 +16,7 @@ from dit_trainer.errors import DitError
 
 COMMAND_MODULES = (
     "dit_trainer.train.cli",  # dit train
+    "dit_trainer.plan.cli",  # dit plan
     "dit_trainer.sample.cli",  # dit sample
     "dit_trainer.sample.ddp",  # dit sample-ddp
     "dit_trainer.demo",  # dit demo

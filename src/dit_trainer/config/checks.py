@@ -63,6 +63,7 @@ _NAMES = {
     "data.vae_dtype": ("auto", "fp32", "bf16"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
+    "parallel.layout": ("manual", "auto"),
     "parallel.pp_schedule": ("gpipe", "1f1b", "interleaved1f1b"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "eval.network": ("auto", "inception", "digits"),

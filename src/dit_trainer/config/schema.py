@@ -125,6 +125,7 @@ class EvalConfig:
 
 @dataclass
 class ParallelConfig:
+    layout: str = "manual"  # manual | auto: auto takes dit plan's fastest layout that fits the launched world size (degrees, schedule, micro-batches, AC, compile) and writes it into the run's config.yaml
     dp_replicate: int = 1  # data-parallel replicas (DDP, or HSDP's replicate groups)
     dp_shard: int = -1  # FSDP shard degree; -1: whatever the other degrees leave of the world size
     tp: int = 1  # tensor-parallel degree

@@ -23,8 +23,10 @@ class ModelSpec:
     `pipelining_fn(model, dims, cfg, loss_fn, device, parallelize_fn)` are the family's parallel
     plan (see docs/design.md); `clip_grad_fn(parameters, max_norm, pp_group)` clips gradients;
     `state_dict_adapter` maps weights to and from released checkpoints; `flops_fn(model)` gives
-    the training FLOPs of one image (for MFU); `objective` is what `objective: auto` trains it with;
-    `weights_shape_fn` reads the model keys off a state dict, `label_embedding` names the class table.
+    the training FLOPs of one image (for MFU); `costs_fn(cfg)` gives the counts the layout planner
+    prices (`models.costs.ModelCosts`: parameters, work and saved activations per block, no model
+    built); `objective` is what `objective: auto` trains it with; `weights_shape_fn` reads the
+    model keys off a state dict, `label_embedding` names the class table.
     """
 
     name: str
@@ -36,6 +38,7 @@ class ModelSpec:
     clip_grad_fn: Optional[Callable] = None
     state_dict_adapter: Optional[Any] = None
     flops_fn: Optional[Callable] = None  # model -> training FLOPs per image (forward + backward), for MFU
+    costs_fn: Optional[Callable] = None  # model config -> ModelCosts, for `dit plan` and `parallel.layout auto`
     objective: str = "diffusion"  # the objective its releases were trained with (`objective: auto`)
     # (state_dict in our names, model.name or None, the family options set, source) -> the model keys
     # those weights need: what `model.weights_path` fills in (see train/pretrained.py)

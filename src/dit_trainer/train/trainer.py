@@ -35,6 +35,7 @@ from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
+from dit_trainer.plan import apply_auto_layout
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
 
@@ -53,6 +54,8 @@ class DiTTrainer:
         self.cfg, self.dataset = config_with_data(config, dataset, first=pretrained)
         cfg = self.cfg
         self.device = resolve_device(cfg.train.device)
+        if cfg.parallel.layout == "auto":  # dit plan's fastest layout that fits this world size, written into cfg
+            apply_auto_layout(cfg)
         self.dims = init_distributed(cfg.parallel, self.device)
         self.is_main = self.dims.is_main
         if self.device.type == "cuda" and self.dims.distributed:

@@ -10,6 +10,7 @@ import importlib
 
 from dit_trainer.lazy import lazy_exports
 from dit_trainer.models.dit.config import DiTConfig
+from dit_trainer.models.dit.costs import dit_costs
 from dit_trainer.models.dit.sizes import PATCHES, SIZES
 from dit_trainer.models.dit.state_dict import DiTStateDictAdapter
 from dit_trainer.models.dit.weights_shape import weights_shape
@@ -67,6 +68,7 @@ def register_family(prefix: str, table: str, family: str, objective: str = "diff
                     flops_fn=_lazy_call("dit_trainer.models.dit.flops", "dit_train_flops_per_image"),
                     objective=objective,
                     weights_shape_fn=weights_shape,
+                    costs_fn=lambda cfg, name=name: dit_costs(cfg, name),
                 ),
             )
 

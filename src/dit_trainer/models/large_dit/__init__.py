@@ -31,6 +31,15 @@ def _build(size):
     return build
 
 
+def _costs(size):
+    # The counts need swiglu_hidden from layers.py (torch): loaded when the planner asks.
+    def costs(cfg):
+        return importlib.import_module("dit_trainer.models.large_dit.costs").large_dit_costs(
+            cfg, f"LargeDiT-{size}/2", SIZES[size])
+
+    return costs
+
+
 def _plan(name):
     # The plan imports torch.distributed; load it when a run asks for it, not with the model.
     def call(*args, **kwargs):
@@ -51,6 +60,7 @@ def _register():
             pipelining_fn=_plan("pipeline_large_dit"),
             state_dict_adapter=LargeDiTStateDictAdapter(),
             weights_shape_fn=weights_shape,
+            costs_fn=_costs(size),
         )
         register_spec(spec.name, spec)
         register_spec(f"DiT_Llama_{size}_patch2", spec)

@@ -7,7 +7,6 @@ modulated by c = t_emb + y_emb, whose width is capped at 1024. The output is the
 with `learn_sigma`, the variance interpolation, as in DiT.
 """
 
-import torch
 import torch.nn as nn
 
 from dit_trainer.models.dit.model import LabelEmbedder

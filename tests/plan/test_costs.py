@@ -1,0 +1,87 @@
+"""The families' cost models (`ModelSpec.costs_fn`) against the models they describe."""
+
+import pytest
+import torch
+
+from dit_trainer.config import ModelConfig, config_from_dict
+from dit_trainer.models import get_spec, list_specs
+from dit_trainer.plan.layouts import Layout
+from dit_trainer.plan.memory import state_bytes
+
+
+def _unique_specs():
+    seen, names = set(), []
+    for name in list_specs():
+        spec = get_spec(name)
+        if id(spec) not in seen:
+            seen.add(id(spec))
+            names.append(name)
+    return names
+
+
+def _meta_state(model) -> dict:
+    """What the trainer allocates for `model` (one process): float32 weights, gradients of the trained
+    ones, AdamW's two moments and a step count per trained tensor, an EMA copy of every weight."""
+    params = list(model.parameters())
+    trained = [p for p in params if p.requires_grad]
+    weights = sum(4 * p.numel() for p in params)
+    return {"params": weights, "grads": sum(4 * p.numel() for p in trained),
+            "optimizer": sum(8 * p.numel() + 4 for p in trained), "ema": weights}
+
+
+# Every registered size, and the options that change a family's parameter count.
+CASES = [(name, {}) for name in _unique_specs()] + [
+    ("DiT-S/2", {"learn_sigma": False, "class_dropout_prob": 0.0, "input_size": 16, "mlp_ratio": 2.5}),
+    ("LargeDiT-600M/2", {"qk_norm": True, "n_kv_heads": 8, "ffn_dim_multiplier": 1.3, "num_classes": 10}),
+]
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}{'+' if o else ''}" for n, o in CASES])
+def test_state_bytes_equal_a_meta_device_count(name, options):
+    cfg = ModelConfig(name=name)
+    for key, value in options.items():
+        setattr(cfg, key, value)
+    spec = get_spec(name)
+    with torch.device("meta"):
+        model = spec.build_model_fn(cfg)
+    assert state_bytes(spec.costs_fn(cfg), Layout()) == _meta_state(model)
+
+
+@pytest.mark.parametrize("name", [n for n in _unique_specs() if get_spec(n).flops_fn])
+def test_forward_flops_are_the_family_flops_fn(name):
+    spec = get_spec(name)
+    with torch.device("meta"):
+        model = spec.build_model_fn(ModelConfig(name=name))
+    c = spec.costs_fn(ModelConfig(name=name))
+    per_image = c.depth * (c.block_flops * c.tokens + c.block_flops_per_image) + c.edge_flops * c.tokens
+    assert 3 * per_image == pytest.approx(spec.flops_fn(model), rel=1e-12)
+
+
+@pytest.mark.parametrize("model", [
+    {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "input_size": 8},
+    {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "input_size": 8},
+])
+def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
+    """float32, so the count does not depend on the CPU's bf16 support; the fused SDPA path's extras included."""
+    cfg = config_from_dict({"output_dir": "unused", "model": {"num_classes": 10, **model}})
+    spec = get_spec(cfg.model.name)
+    net = spec.build_model_fn(cfg)
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    block = list(net.blocks)[1]
+    saved, inside = {}, [False]
+    block.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    block.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if inside[0] and ptr not in params:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    b = 3
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(torch.randn(b, 4, 8, 8), torch.randint(0, 1000, (b,)), torch.randint(0, 10, (b,)))
+    costs = spec.costs_fn(cfg)
+    predicted = b * costs.tokens * (costs.saved["none"] + costs.fused_attention).nbytes(4)
+    # The norms' per-token statistics (a few floats) are not counted.
+    assert sum(saved.values()) == pytest.approx(predicted, rel=0.08)
