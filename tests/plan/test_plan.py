@@ -108,7 +108,7 @@ def test_trainer_applies_parallel_layout_auto_before_the_mesh(tmp_path):
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(4, 8, 8, generator=g), torch.tensor(i % 10)) for i in range(8)]
     trainer = DiTTrainer(cfg, dataset=data)
-    assert cfg.parallel.layout == "manual" and trainer.dims.world_size == 1
+    assert trainer.cfg.parallel.layout == "manual" and trainer.dims.world_size == 1
     trainer.train()
     assert "layout: manual" in (tmp_path / "config.yaml").read_text()
 
