@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh [LOG_DIR]
 #
+# 0. gpu_step_check.py: the trainer's step path on the GPU against reading its checks at once.
 # 1. train_step.py, bf16 autocast + per-block compile: img/s, MFU against the bf16 matmul peak
 #    measured in the same process, peak CUDA memory; batch 32, and batch 128 with and without
 #    activation checkpointing (AC).
@@ -65,6 +66,9 @@ run() {
 }
 
 run sdpa 30 "$py" "$here/gpu_check.py" sdpa
+# The trainer's step on the GPU reads a step's checks a step late (the update masked on the device):
+# same losses and weights as reading them at once, a NaN step raises with the weights before it.
+run step_check 60 "$py" "$here/gpu_step_check.py"
 xl=(--model DiT-XL/2 --input-size 32 --in-channels 4 --num-classes 1000 --device cuda --warmup 2 --steps 10 --peak-reps 2)
 # DiT-XL/2's first compiled step takes about a minute on an H200 (57-59 s measured).
 run train_b32 150 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 32 --variants bf16+compile
