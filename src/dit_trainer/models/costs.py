@@ -103,3 +103,21 @@ class ModelCosts:
     def with_depth(self, depth: int) -> "ModelCosts":
         """The same model with another number of blocks."""
         return replace(self, depth=depth)
+
+
+def transformer_costs(name, depth, tokens, hidden, heads, block, first, last, token_weights, **family) -> ModelCosts:
+    """ModelCosts of a DiT-like transformer: what every such family shares (blocks of `token_weights`
+    weights per token plus attention, a fused-attention kernel's and a compiled block's saved input,
+    the residual stream between stages, one activation-wide TP all-reduce), and the `family`'s own fields."""
+    d = hidden
+    return ModelCosts(
+        name=name, depth=depth, tokens=tokens, hidden=d, heads=heads, block=block, first=first, last=last,
+        block_flops=2 * token_weights + 4 * tokens * d,
+        # A fused kernel keeps its output and a float32 log-sum-exp per head.
+        fused_attention=PerToken(fp32=heads, act_tp=d),
+        compiled_input=PerToken(resid=d),
+        scores=PerToken(act_tp=heads * tokens),
+        boundary=PerToken(resid=d),
+        tp_allreduce=PerToken(act=d),
+        **family,
+    )

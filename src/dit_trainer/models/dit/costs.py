@@ -11,7 +11,7 @@ GELU's outputs (4·D wide each). SiT shares the backbone and these counts.
 
 import re
 
-from dit_trainer.models.costs import ModelCosts, Params, PerToken
+from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs
 from dit_trainer.models.dit.config import DiTConfig
 from dit_trainer.models.dit.sizes import SIZES
 from dit_trainer.models.spec import build_kwargs
@@ -57,31 +57,17 @@ def dit_costs(cfg, name: str) -> ModelCosts:
     saved_none = PerToken(fp32=2 * d, resid=2 * d, act=4 * d, act_tp=4 * d + 2 * h)
     # Selective keeps the matmul outputs (qkv, proj, fc1, fc2) beside the checkpointed input.
     saved_selective = PerToken(resid=d, act=2 * d, act_tp=3 * d + h)
-    return ModelCosts(
-        name=name,
-        depth=depth,
-        tokens=n,
-        hidden=d,
-        heads=heads,
-        block=block,
-        first=first,
-        last=last,
-        block_flops=2 * token_weights + 4 * n * d,
+    return transformer_costs(
+        name, depth, n, d, heads, block, first, last, token_weights,
         block_flops_per_image=2 * 6 * d * d,
         edge_flops=edge_flops,
         saved={"none": saved_none, "full": PerToken(resid=d), "selective": saved_selective},
-        # A fused kernel keeps its output and a float32 log-sum-exp per head.
-        fused_attention=PerToken(fp32=heads, act_tp=d),
-        compiled_input=PerToken(resid=d),
         # fc1 out, qkv out, attention out, fc1 in, scores, GELU out, qkv in, proj out, fc2 out.
         compiled_items=(PerToken(act_tp=h), PerToken(act_tp=3 * d), PerToken(act_tp=d), PerToken(act=d),
                         PerToken(act_tp=heads * n), PerToken(act_tp=h), PerToken(act=d), PerToken(act=d),
                         PerToken(act=d)),
-        scores=PerToken(act_tp=heads * n),
         transient=PerToken(resid=d, act_tp=h / 2),
         edge_saved=PerToken(fp32=d, resid=d, act=d + patch_out),
-        boundary=PerToken(resid=d),
-        tp_allreduce=PerToken(act=d),
         elementwise={"pointwise": PerToken(fp32=10 * d, act_tp=2 * d), "norm": PerToken(fp32=2 * d),
                      "act": PerToken(act_tp=h), "softmax": PerToken(act_tp=heads * n)},
         tp_modules=4,

@@ -8,7 +8,7 @@ CPU matmul path), the attention output, wo's and w2's outputs (the gates multipl
 SwiGLU-wide tensors (w1 and w3 outputs, SiLU's output and the product w2 reads).
 """
 
-from dit_trainer.models.costs import ModelCosts, Params, PerToken
+from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs
 from dit_trainer.models.large_dit.config import LargeDiTConfig
 from dit_trainer.models.large_dit.layers import cond_dim, swiglu_hidden
 from dit_trainer.models.spec import build_kwargs
@@ -45,30 +45,17 @@ def large_dit_costs(cfg, name: str, sizes: tuple) -> ModelCosts:
     qk_extra = PerToken(act_tp=2 * d) if o.qk_norm else PerToken()
     saved_none = PerToken(fp32=2 * d, resid=2 * d, act=4 * d, act_tp=6 * d + 4 * h) + qk_extra
     saved_selective = PerToken(resid=d, act=d, act_tp=2 * d + 2 * kv + 2 * h)
-    return ModelCosts(
-        name=name,
-        depth=depth,
-        tokens=n,
-        hidden=d,
-        heads=heads,
-        block=block,
-        first=first,
-        last=last,
-        block_flops=2 * token_weights + 4 * n * d,
+    return transformer_costs(
+        name, depth, n, d, heads, block, first, last, token_weights,
         block_flops_per_image=2 * 6 * cd * d,
         edge_flops=2 * (patch_in * d + d * patch_out) + 2 * (f * cd + cd * cd + 2 * cd * d) / n,
         saved={"none": saved_none, "full": PerToken(resid=d), "selective": saved_selective},
-        fused_attention=PerToken(fp32=heads, act_tp=d),
-        compiled_input=PerToken(resid=d),
         # w1 out, w3 out, q k v, attention out, SwiGLU in, scores, product, attention in, wo out, w2 out.
         compiled_items=(PerToken(act_tp=h), PerToken(act_tp=h), PerToken(act_tp=3 * d), PerToken(act_tp=d),
                         PerToken(act=d), PerToken(act_tp=heads * n), PerToken(act_tp=h), PerToken(act=d),
                         PerToken(act=d), PerToken(act=d)) + ((qk_extra,) if o.qk_norm else ()),
-        scores=PerToken(act_tp=heads * n),
         transient=PerToken(resid=d, act_tp=h / 2),
         edge_saved=PerToken(resid=d, act=d + patch_out),
-        boundary=PerToken(resid=d),
-        tp_allreduce=PerToken(act=d),
         # SiLU and the gate's product are cheap pointwise ops (DiT's tanh GELU is its own class).
         elementwise={"pointwise": PerToken(fp32=10 * d, act_tp=12 * d + 2 * h), "norm": PerToken(fp32=2 * d),
                      "softmax": PerToken(act_tp=heads * n)},
