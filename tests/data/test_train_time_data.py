@@ -33,6 +33,14 @@ def test_shard_manifest_values(tmp_path, fields, match):
         LatentShards(tmp_path)
 
 
+def test_manifest_shape_larger_than_the_shards_is_refused_before_allocating(tmp_path):
+    # Sized by the manifest alone, one row of this shape would ask for about 30 GiB.
+    make_shards(tmp_path)
+    _edit(tmp_path, latent_shape=[1, 62976, 62976])
+    with pytest.raises(DataError, match="manifest says"):
+        LatentShards(tmp_path)[0]
+
+
 @pytest.mark.parametrize("labels,match", [
     (np.array([0.0, 1.5, 2.0, 1.0]), "float64 labels"),
     (np.array([0, 1, 3, 1]), "label 3 .*outside 0..2"),  # 3 == num_classes: never the null class

@@ -330,6 +330,8 @@ class LatentShards(Dataset):
         variant = draws[0].astype(np.int64) if self._entry[0] == 2 else np.zeros(len(index), dtype=np.int64)
         shard_of = np.searchsorted(self.offsets, index, side="right") - 1
         kinds = 2 if self.sample_posterior else 1
+        for shard in np.unique(shard_of):
+            self._array(int(shard))  # its shape checked against the manifest before rows are sized by it
         rows = np.empty((len(index), kinds, *self.latent_shape), dtype=self.manifest["dtype"])
         for shard in np.unique(shard_of):
             where = np.flatnonzero(shard_of == shard)
