@@ -64,7 +64,7 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except DitError as err:
         print(f"dit {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -80,3 +80,15 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    leave_process_group()
+    return code
+
+
+def leave_process_group() -> None:
+    """End the process group a command joined (under torchrun) once it has finished."""
+    # Left to the interpreter's exit, NCCL warns of a group never destroyed, and a gloo worker thread
+    # torn down with the interpreter can abort a rank whose work is done. Looked up, not imported:
+    # a command that never loaded torch (`dit --help`, the MindSpore engine) has no group.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
