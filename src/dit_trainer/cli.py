@@ -8,6 +8,7 @@ say) does not break the others.
 """
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -91,4 +92,7 @@ def leave_process_group() -> None:
     # a command that never loaded torch (`dit --help`, the MindSpore engine) has no group.
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        # A finished trainer sits in reference cycles that hold the group's sub-groups (its mesh,
+        # FSDP's state): freed now, not by the interpreter's exit after the group is gone.
+        gc.collect()
         dist.destroy_process_group()
