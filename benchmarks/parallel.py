@@ -10,6 +10,7 @@ allocation on GPU.
 """
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -129,6 +130,7 @@ def worker(args):
                      "img_per_s": args.batch / step_s,
                      "state_mib": [r["state"] for r in every], "peak_mib": [r["peak"] for r in every]})
         del trainer, loader
+        gc.collect()  # its reference cycles hold sub-groups: freed before the next case and the group's end
     if world == 1 or dist.get_rank() == 0:
         for row in rows:
             print("ROW " + json.dumps(row), flush=True)

@@ -2,6 +2,7 @@
 is the slow part), and resume 2-rank checkpoints under this launch's layouts."""
 
 import argparse
+import gc
 import shutil
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def main():
             shutil.copytree(src, run / "checkpoints" / Path(src).name)
         dist.barrier()
         DiTTrainer(tiny_config(run, layouts[name], kind=kind_of(name)), dataset=TinyLatents()).train()
+    gc.collect()  # the trainers' reference cycles hold sub-groups: freed before the group goes
     dist.destroy_process_group()
 
 

@@ -1,5 +1,6 @@
 """torchrun worker: the digits run of test_eval_during_training under each layout named, FID every 2 steps."""
 
+import gc
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ def main():
         cfg["parallel"] = {"fsdp": {"dp_shard": 2}, "pp": {"pp": 2, "dp_shard": 1, "pp_microbatches": 2}}[layout]
         cfg["train"]["device"] = "cpu"
         DiTTrainer(config_from_dict(cfg)).train()
+    gc.collect()  # the trainer's reference cycles hold sub-groups: freed before the group goes
     dist.destroy_process_group()
 
 
