@@ -13,7 +13,8 @@ gloo processes use), the trainer's per-step and per-micro-batch host work, gloo'
 all-gather / reduce-scatter bandwidth and latency between two processes (and the latency with twice
 as many processes as cores), and what FSDP's hooks and DTensor's dispatch cost on the host per block
 (a tiny DiT's steps under FSDP and TP on two processes against one).
-The median of a few repetitions each (the square matmul's peak: the fastest); check `cat /proc/loadavg` first: a busy neighbour slows them all.
+The median of a few repetitions each, over three passes (the square matmul's peak: the fastest);
+check `cat /proc/loadavg` first: a busy neighbour slows them all.
 """
 
 import argparse
@@ -46,7 +47,8 @@ def best(fn, reps=5):
 
 def typical(fn, reps=5):
     """The median of `reps` calls. The planner predicts a typical step (plan_check compares a median
-    step), so every rate it prices is a median too: the fastest of a few calls made it 10% optimistic."""
+    step), so every rate it prices is a median too: priced at the fastest of a few calls, one-process
+    steps read 3-25% faster than they ran."""
     return statistics.median(_timings(fn, reps))
 
 

@@ -2,7 +2,6 @@
 is the slow part), and resume 2-rank checkpoints under this launch's layouts."""
 
 import argparse
-import gc
 import shutil
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from _common import LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, kind_of, tiny_config  # noqa: E402
+from dit_trainer.cli import leave_process_group  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
 
@@ -38,8 +38,7 @@ def main():
             shutil.copytree(src, run / "checkpoints" / Path(src).name)
         dist.barrier()
         DiTTrainer(tiny_config(run, layouts[name], kind=kind_of(name)), dataset=TinyLatents()).train()
-    gc.collect()  # the trainers' reference cycles hold sub-groups: freed before the group goes
-    dist.destroy_process_group()
+    leave_process_group()  # frees the finished trainers before the group goes, as `dit` does
 
 
 if __name__ == "__main__":

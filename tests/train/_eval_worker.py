@@ -1,6 +1,5 @@
 """torchrun worker: the digits run of test_eval_during_training under each layout named, FID every 2 steps."""
 
-import gc
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import torch.distributed as dist  # noqa: E402
 
 from test_eval_during_training import _digits_config  # noqa: E402
 from dit_trainer.config import config_from_dict  # noqa: E402
+from dit_trainer.cli import leave_process_group  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
 
@@ -21,8 +21,7 @@ def main():
         cfg["parallel"] = {"fsdp": {"dp_shard": 2}, "pp": {"pp": 2, "dp_shard": 1, "pp_microbatches": 2}}[layout]
         cfg["train"]["device"] = "cpu"
         DiTTrainer(config_from_dict(cfg)).train()
-    gc.collect()  # the trainer's reference cycles hold sub-groups: freed before the group goes
-    dist.destroy_process_group()
+    leave_process_group()  # frees the finished trainers before the group goes, as `dit` does
 
 
 if __name__ == "__main__":
