@@ -8,6 +8,9 @@ from typing import Optional
 from dit_trainer.errors import ConfigError
 
 _NAME = re.compile(r"-(XL|L|B|S)/(\d+)$")
+# The block options' values, the release's first (`model.norm`, `model.mlp`).
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
 
 
 @dataclass
@@ -22,6 +25,11 @@ class DiTConfig:
     # an import from diffusers records 1 and 1e-5 (its Timesteps(downscale_freq_shift=1), norm_eps).
     timestep_freq_shift: Optional[int] = None  # 1: timestep frequencies over half - 1 (diffusers' DiT)
     mlp_norm_eps: Optional[float] = None  # eps of the LayerNorm before each MLP (diffusers' DiT: 1e-5)
+    # Block options of LightningDiT's kind; the defaults are the release's block.
+    norm: str = "layernorm"  # layernorm | rmsnorm: the block's and final layer's norms (rmsnorm: a learned scale)
+    mlp: str = "gelu"  # gelu | swiglu: SwiGLU without biases, 2/3 of the GELU MLP's width (int(2/3 * int(hidden * mlp_ratio)))
+    rope: bool = False  # 2-D axial rotary embedding on q and k (the sin-cos pos_embed stays); head width a multiple of 4
+    qk_norm: bool = False  # RMSNorm on each head of q and of k, before RoPE
 
     def check(self, name: str, model) -> None:
         """One-line ConfigError for sizes the model `name` cannot be built with (input size from `model`)."""
@@ -29,6 +37,9 @@ class DiTConfig:
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"model.{key} is {value!r}; it must be a positive number")
+        for key, known in (("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, key) not in known:
+                raise ConfigError(f"model.{key} is {getattr(self, key)!r}; use one of {', '.join(known)}")
         match = _NAME.search(str(name))
         if match is None:  # a name registered by another family on this backbone: sizes unknown
             return
@@ -51,6 +62,10 @@ class DiTConfig:
                 f"model.num_heads {heads} does not divide model.hidden_size {hidden} of {name}; "
                 f"use {', '.join(map(str, near))} heads or another hidden_size"
             )
+        if self.rope and (hidden // heads) % 4:
+            raise ConfigError(f"model.rope needs a head width (model.hidden_size / model.num_heads = {hidden} / {heads}) "
+                              f"that is a multiple of 4, for two rotated pairs per grid axis; change either, or set "
+                              f"model.rope false")
         size = getattr(model, "input_size", None)
         if size is not None and size % patch:
             raise ConfigError(
