@@ -11,6 +11,8 @@ _NAME = re.compile(r"-(XL|L|B|S)/(\d+)$")
 # The block options' values, the release's first (`model.norm`, `model.mlp`).
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
+# The release's block: what every format beside ours (diffusers, ppdiffusers, dit-pt, MindSpore) holds.
+RELEASE_BLOCK = {"norm": "layernorm", "mlp": "gelu", "rope": False, "qk_norm": False}
 
 
 @dataclass
@@ -72,3 +74,16 @@ class DiTConfig:
                 f"model.input_size {size} is not divisible by the patch size {patch} of {name}; use an input size "
                 f"that is a multiple of {patch} (image size / 8 for VAE latents) or a model with a smaller patch"
             )
+
+
+def block_options(model) -> dict:
+    """The block options of a model section (a mapping, family options flattened) that are not the release's."""
+    return {k: model[k] for k, v in RELEASE_BLOCK.items() if model.get(k) is not None and model[k] != v}
+
+
+def refuse_block_options(found: dict, fmt: str, source="the model",
+                         advice="keep it in our format (a run folder, --to ours) and sample it with dit sample") -> None:
+    """One-line ConfigError naming the block options in `found` (option -> value) that `fmt` cannot hold."""
+    if found:
+        named = ", ".join(f"model.{k} {str(v).lower()}" for k, v in found.items())
+        raise ConfigError(f"{source} uses {named}, but {fmt} has only the release's DiT block; {advice}")
