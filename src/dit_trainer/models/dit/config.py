@@ -26,7 +26,7 @@ class DiTConfig:
     # The timestep convention the weights were trained under: None keeps the release's (0, 1e-6);
     # an import from diffusers records 1 and 1e-5 (its Timesteps(downscale_freq_shift=1), norm_eps).
     timestep_freq_shift: Optional[int] = None  # 1: timestep frequencies over half - 1 (diffusers' DiT)
-    mlp_norm_eps: Optional[float] = None  # eps of the LayerNorm before each MLP (diffusers' DiT: 1e-5)
+    mlp_norm_eps: Optional[float] = None  # eps of the norm before each MLP (diffusers' DiT: 1e-5)
     # Block options of LightningDiT's kind; the defaults are the release's block.
     norm: str = "layernorm"  # layernorm | rmsnorm: the block's and final layer's norms (rmsnorm: a learned scale)
     mlp: str = "gelu"  # gelu | swiglu: SwiGLU without biases, 2/3 of the GELU MLP's width (int(2/3 * int(hidden * mlp_ratio)))
