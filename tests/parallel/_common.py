@@ -1,5 +1,6 @@
 """Shared by the distributed tests and the torchrun worker: a tiny DiT run and its data."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     for name, values in sections.items():
         d.setdefault(name, {}).update(values)
     return config_from_dict(d)
+
+
+@contextlib.contextmanager
+def deterministic():
+    """Deterministic algorithms for the 1-process reference runs (the torchrun workers set them too)."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 def read_losses(out, key="loss") -> dict:

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import BLOCK_OPTION_LAYOUTS, STEPS, TinyLatents, final_weights, launch, read_losses, tiny_config
+from _common import (BLOCK_OPTION_LAYOUTS, STEPS, TinyLatents, deterministic, final_weights, launch, read_losses,
+                     tiny_config)
 
 pytestmark = pytest.mark.distributed
 
@@ -18,12 +19,8 @@ def runs(tmp_path_factory):
     from dit_trainer.train import DiTTrainer
 
     out = tmp_path_factory.mktemp("block_options")
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic():
         DiTTrainer(tiny_config(out / "reference", kind="blockopts"), dataset=TinyLatents()).train()
-    finally:
-        torch.use_deterministic_algorithms(was)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(BLOCK_OPTION_LAYOUTS))
     return out
 
