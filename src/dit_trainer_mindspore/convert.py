@@ -17,7 +17,9 @@ import sys
 import numpy as np
 
 from dit_trainer.errors import CheckpointError, ConfigError, DitError
+from dit_trainer.models.dit.config import block_options, refuse_block_options
 from dit_trainer.models.dit.sizes import dit_size
+from dit_trainer.models.dit.weights_shape import block_options_of
 
 FORMATS = ("ours", "dit-pt", "mindspore")
 _WRAPPERS = ("module.", "_orig_mod.")
@@ -81,6 +83,7 @@ def _mapping_for(weights: dict, model_name=None, **kwargs) -> dict:
 def torch_to_mindspore(weights: dict, model_name=None, source="weights", **kwargs) -> dict:
     """{name: float32 array} in MindSpore names from a PyTorch DiT state dict (ours or the release)."""
     weights = {_strip(k): np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+    refuse_block_options(block_options_of(weights), "MindSpore's DiT", source)
     mapping = _mapping_for(weights, model_name, **kwargs)
     _check(weights, mapping, source)
     return {ms_name: weights[name] for name, (ms_name, _) in mapping.items()}
@@ -92,6 +95,17 @@ def mindspore_to_torch(weights: dict, model_name=None, source="weights", **kwarg
     back = {ms_name: name for name, (ms_name, _) in mapping.items()}
     _check({back.get(k, k): v for k, v in weights.items()}, mapping, source)
     return {back[k]: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+
+
+def _recorded_block_options(src) -> dict:
+    """The block options a checkpoint folder's config.yaml records (RoPE shows in no tensor); {} elsewhere."""
+    path = os.path.join(src, "config.yaml")
+    if not os.path.isfile(path):
+        return {}
+    import yaml
+
+    with open(path) as f:
+        return block_options((yaml.safe_load(f) or {}).get("model") or {})
 
 
 def _strip(key: str) -> str:
@@ -158,6 +172,7 @@ def convert(src, dst, src_fmt, dst_fmt, model_name=None, **kwargs) -> int:
                           "in an environment with numpy<2 (scripts/mindspore_env.sh)")
     weights = read(src, src_fmt)
     if dst_fmt == "mindspore":
+        refuse_block_options(_recorded_block_options(src), "MindSpore's DiT", src)
         out = torch_to_mindspore(weights, model_name, source=src, **kwargs)
     else:
         out = mindspore_to_torch(weights, model_name, source=src, **kwargs)

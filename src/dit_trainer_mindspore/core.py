@@ -3,6 +3,7 @@ DiT's constructor arguments from it (the DiT size table is `dit_trainer.models.d
 
 from dit_trainer.config import as_config as _as_config
 from dit_trainer.errors import ConfigError
+from dit_trainer.models.dit.config import block_options, refuse_block_options
 from dit_trainer.models.dit.sizes import NAMES, dit_size
 
 
@@ -11,6 +12,8 @@ def as_config(config):
     cfg = _as_config(config)
     if cfg.model.name not in NAMES:
         raise ConfigError(f"model.name {cfg.model.name!r} has no MindSpore build; use one of {', '.join(NAMES)}")
+    refuse_block_options(block_options(cfg.model.options), "backend mindspore", cfg.model.name,
+                         "train it with backend torch, or leave those options out")
     return cfg
 
 

@@ -128,3 +128,41 @@ def test_pixel_model_export_says_it_has_no_pipeline_form(vae_dir, tmp_path):
     with pytest.raises(ConfigError, match="makes 4-channel latents but the model takes 1 channels"):
         write("diffusers", bundle, tmp_path / "d")
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("fmt", ["diffusers", "ppdiffusers"])
+def test_block_options_refuse_export_in_one_line(vae_dir, tmp_path, fmt):
+    # Their DiT transformer has the release's block only: each option is named, nothing is written.
+    from dit_trainer.convert import write
+    from dit_trainer.convert.model_bundle import Bundle
+    from dit_trainer.convert.model_config import build_dit
+    from dit_trainer.errors import ConfigError
+
+    for options, named in (({"mlp": "swiglu", "qk_norm": True}, "model.mlp swiglu, model.qk_norm true"),
+                           ({"rope": True}, "model.rope true"), ({"norm": "rmsnorm"}, "model.norm rmsnorm")):
+        cfg = {**TINY, **options}
+        bundle = Bundle(state_dict=build_dit(cfg).state_dict(), model=cfg, vae=vae_dir, source="run")
+        with pytest.raises(ConfigError, match=f"uses {named}, but .* has only the release's DiT block") as err:
+            write(fmt, bundle, tmp_path / fmt)
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / fmt).exists()
+
+
+def test_block_options_refuse_mindspore(tmp_path):
+    # The MindSpore DiT (weights and the backend's config) has the release's block only; torch-free checks.
+    from dit_trainer.config import config_from_dict
+    from dit_trainer.convert.model_config import build_dit
+    from dit_trainer.errors import ConfigError
+    from dit_trainer_mindspore.convert import _recorded_block_options, torch_to_mindspore
+    from dit_trainer_mindspore.core import as_config
+
+    sd = {k: v.numpy() for k, v in build_dit({**TINY, "mlp": "swiglu"}).state_dict().items()}
+    with pytest.raises(ConfigError, match="ckpt uses model.mlp swiglu, but MindSpore's DiT has only"):
+        torch_to_mindspore(sd, source="ckpt")
+    assert len(torch_to_mindspore({k: v.numpy() for k, v in build_dit(TINY).state_dict().items()})) > 0
+    # RoPE shows in no tensor: a checkpoint folder's config.yaml tells it.
+    (tmp_path / "config.yaml").write_text("model:\n  name: DiT-S/2\n  rope: true\n")
+    assert _recorded_block_options(str(tmp_path)) == {"rope": True}
+    cfg = config_from_dict({"output_dir": str(tmp_path), "backend": "mindspore", "model": {"name": "DiT-S/2", "rope": True}})
+    with pytest.raises(ConfigError, match="DiT-S/2 uses model.rope true, but backend mindspore has only .*backend torch"):
+        as_config(cfg)

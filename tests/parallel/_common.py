@@ -1,5 +1,6 @@
 """Shared by the distributed tests and the torchrun worker: a tiny DiT run and its data."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -32,6 +33,9 @@ TINY_MODELS = {
     # Grouped kv heads and q/k norms: the parts of Large-DiT's plan that DiT's does not have.
     "ldit": ("diffusion", {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2,
                            "qk_norm": True}),
+    # DiT with every block option on: RMSNorm, SwiGLU, 2-D RoPE and per-head q/k norms.
+    "blockopts": ("diffusion", {"name": "DiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4, "norm": "rmsnorm",
+                                "mlp": "swiglu", "rope": True, "qk_norm": True}),
 }
 
 
@@ -56,6 +60,17 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     for name, values in sections.items():
         d.setdefault(name, {}).update(values)
     return config_from_dict(d)
+
+
+@contextlib.contextmanager
+def deterministic():
+    """Deterministic algorithms for the 1-process reference runs (the torchrun workers set them too)."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 def read_losses(out, key="loss") -> dict:
@@ -86,6 +101,8 @@ LAYOUTS_4 = {
 LAYOUTS_2.update({f"{kind}_{name}": LAYOUTS_2[src] for kind in ("sit", "ldit")
                   for name, src in (("fsdp", "fsdp"), ("tp", "tp"), ("pp", "pp_1f1b"))})
 LAYOUTS_4["ldit_fsdp_tp"] = LAYOUTS_4["fsdp_tp"]
+# The block options' layers under TP (their plan) and FSDP, in a launch of their own (test_block_options).
+BLOCK_OPTION_LAYOUTS = {"blockopts_tp": LAYOUTS_2["tp"], "blockopts_fsdp": LAYOUTS_2["fsdp"]}
 
 
 def kind_of(layout: str) -> str:

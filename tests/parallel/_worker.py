@@ -11,7 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, kind_of, tiny_config  # noqa: E402
+from _common import (BLOCK_OPTION_LAYOUTS, LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, kind_of,  # noqa: E402
+                     tiny_config)
 from dit_trainer.cli import leave_process_group  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
@@ -24,7 +25,7 @@ def main():
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
-    layouts = {**LAYOUTS_2, **LAYOUTS_4}
+    layouts = {**LAYOUTS_2, **LAYOUTS_4, **BLOCK_OPTION_LAYOUTS}
     out = Path(args.out)
     for name in filter(None, args.layouts.split(",")):
         cfg = tiny_config(out / name, layouts[name], kind=kind_of(name), train=LAYOUT_TRAIN.get(name, {}))

@@ -29,37 +29,54 @@ def _meta_state(model) -> dict:
             "optimizer": sum(8 * p.numel() + 4 for p in trained), "ema": weights}
 
 
+# DiT's block options, each alone and all together (DiT-L: SwiGLU's truncated 2730-wide layer).
+BLOCK_OPTIONS = [{"norm": "rmsnorm"}, {"mlp": "swiglu"}, {"rope": True}, {"qk_norm": True},
+                 {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True}]
 # Every registered size, and the options that change a family's parameter count.
 CASES = [(name, {}) for name in _unique_specs()] + [
     ("DiT-S/2", {"learn_sigma": False, "class_dropout_prob": 0.0, "input_size": 16, "mlp_ratio": 2.5}),
     ("LargeDiT-600M/2", {"qk_norm": True, "n_kv_heads": 8, "ffn_dim_multiplier": 1.3, "num_classes": 10}),
+    *[("DiT-S/2", o) for o in BLOCK_OPTIONS],
+    ("SiT-L/4", {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True, "mlp_ratio": 3.0}),
+    ("DiT-L/2", {"mlp": "swiglu"}),
 ]
 
 
-@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}{'+' if o else ''}" for n, o in CASES])
+def _model_config(name, options) -> ModelConfig:
+    """A ModelConfig of `name` with shared fields set and the family's options in `options`."""
+    shared = {k: v for k, v in options.items() if k in ModelConfig.__dataclass_fields__}
+    return ModelConfig(name=name, **shared, options={k: v for k, v in options.items() if k not in shared})
+
+
+@pytest.mark.parametrize("name,options", CASES, ids=[f"{n}{'+' + '+'.join(o) if o else ''}" for n, o in CASES])
 def test_state_bytes_equal_a_meta_device_count(name, options):
-    cfg = ModelConfig(name=name)
-    for key, value in options.items():
-        setattr(cfg, key, value)
+    cfg = _model_config(name, options)
     spec = get_spec(name)
     with torch.device("meta"):
         model = spec.build_model_fn(cfg)
     assert state_bytes(spec.costs_fn(cfg), Layout()) == _meta_state(model)
 
 
-@pytest.mark.parametrize("name", [n for n in _unique_specs() if get_spec(n).flops_fn])
-def test_forward_flops_are_the_family_flops_fn(name):
+FLOPS_CASES = [(n, {}) for n in _unique_specs() if get_spec(n).flops_fn] + [("DiT-B/2", o) for o in BLOCK_OPTIONS]
+
+
+@pytest.mark.parametrize("name,options", FLOPS_CASES, ids=[f"{n}{'+' + '+'.join(o) if o else ''}" for n, o in FLOPS_CASES])
+def test_forward_flops_are_the_family_flops_fn(name, options):
     spec = get_spec(name)
     with torch.device("meta"):
-        model = spec.build_model_fn(ModelConfig(name=name))
-    c = spec.costs_fn(ModelConfig(name=name))
+        model = spec.build_model_fn(_model_config(name, options))
+    c = spec.costs_fn(_model_config(name, options))
     per_image = c.depth * (c.block_flops * c.tokens + c.block_flops_per_image) + c.edge_flops * c.tokens
     assert 3 * per_image == pytest.approx(spec.flops_fn(model), rel=1e-12)
 
 
+_TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "input_size": 8}
+
+
 @pytest.mark.parametrize("model", [
-    {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "input_size": 8},
+    _TINY_DIT,
     {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "input_size": 8},
+    *[{**_TINY_DIT, **o} for o in BLOCK_OPTIONS],
 ])
 def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
     """float32, so the count does not depend on the CPU's bf16 support; the fused SDPA path's extras included."""

@@ -90,16 +90,18 @@ def _assert_same_weights(a, b):
         assert k == k2 and torch.equal(v, v2), k
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "loss-second-moment", "transport"])
+@pytest.mark.parametrize("sampler", ["uniform", "loss-second-moment", "transport", "block_options"])
 def test_resume_is_exact(tmp_path, sampler):
     data = write_npy_latents(tmp_path / "latents", n=24)
     # "transport": SiT with logit-normal t, the second objective, resumed the same way.
     objective = {"objective": "transport", "transport": {"t_sampler": "logit-normal"},
                  "model": {"name": "SiT-S/2"}} if sampler == "transport" else {}
+    if sampler == "block_options":  # DiT with RMSNorm, SwiGLU, 2-D RoPE and q/k norms
+        objective = {"model": {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True}}
 
     def cfg(out, steps):
         return tiny_config(out, data={"path": str(data), "random_flip": True, "num_workers": 1},
-                           diffusion={"timestep_sampler": "uniform" if sampler == "transport" else sampler},
+                           diffusion={"timestep_sampler": sampler if "second" in sampler else "uniform"},
                            **objective,
                            train={"max_steps": steps, "global_batch_size": 8, "grad_accum_steps": 2,
                                   "mixed_precision": "bf16"},

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from dit_trainer.convert.model_config import DIFFUSERS_CONVENTION, RELEASE_CONVENTION, convention_of, model_config, shape_of
 from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.models.dit.config import block_options, refuse_block_options
 
 
 def read_json(path) -> dict:
@@ -60,6 +61,7 @@ def class_names_from(index: dict, num_classes: int):
 
 def transformer_config(model: dict, class_name: str) -> dict:
     """The DiT transformer's config.json (diffusers' and ppdiffusers' field names) for our model."""
+    refuse_block_options(block_options(model), f"{class_name} (diffusers, ppdiffusers)", model.get("name", "the model"))
     shape = shape_of(model)
     if shape["mlp_ratio"] != 4.0:
         raise ConfigError(f"mlp_ratio {shape['mlp_ratio']}: diffusers' DiT has a fixed MLP ratio of 4")

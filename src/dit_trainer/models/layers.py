@@ -7,8 +7,10 @@ import math
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from dit_trainer.models.attention import attention
+from dit_trainer.models.rope import apply_rope, rope_cos_sin_2d
 
 
 class PatchEmbed(nn.Module):
@@ -29,9 +31,14 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused `qkv` projection laid out [q | k | v]."""
+    """Multi-head self-attention with a fused `qkv` projection laid out [q | k | v].
 
-    def __init__(self, dim, num_heads=8, qkv_bias=True):
+    Options (off in the release): `qk_norm` RMS-normalises each head of q and of k (a learned
+    weight per channel of a head, shared by the heads); `rope_grid` > 0 rotates q and k by 2-D
+    axial RoPE over a rope_grid x rope_grid token grid. Neither adds a parameter to the projections.
+    """
+
+    def __init__(self, dim, num_heads=8, qkv_bias=True, qk_norm=False, rope_grid=0):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
@@ -39,8 +46,19 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
+        self.qk_norm, self.rope_grid = bool(qk_norm), rope_grid
+        if qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        if rope_grid:
+            # Non-persistent: state dicts stay the projections' alone; every pipeline stage has them.
+            cos, sin = rope_cos_sin_2d(self.head_dim, rope_grid)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, x):
+        if self.qk_norm or self.rope_grid:
+            return self.proj(self._attend_with_options(x))
         B, N, _ = x.shape
         # The head count is read from the tensor, not `num_heads`: under tensor parallelism each
         # rank holds only its own heads of q, k and v.
@@ -49,6 +67,17 @@ class Attention(nn.Module):
         x = attention(q, k, v)
         x = x.transpose(1, 2).reshape(B, N, -1)
         return self.proj(x)
+
+    def _attend_with_options(self, x):
+        # (B, N, H, D) per head, the layout the norms and apply_rope take; the release's path above
+        # is kept apart so that its kernels (and bits) stay the same.
+        q, k, v = self.qkv(x).unflatten(-1, (3, -1, self.head_dim)).unbind(2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope_grid:
+            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2).flatten(2)
 
 
 # 2 * sqrt(2 / pi): 0.5 * (1 + tanh(z)) is sigmoid(2z).
@@ -86,6 +115,29 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU, w2(silu(w1 x) * w3 x) without biases: Large-DiT's feed-forward and DiT's `model.mlp swiglu`."""
+
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def block_norm(kind: str, dim: int, eps: float = 1e-6) -> nn.Module:
+    """The norm before attention, MLP and head: the release's LayerNorm without affine, or an RMSNorm
+    with a learned scale (`model.norm rmsnorm`, as LightningDiT's), both of this eps."""
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps)
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, elementwise_affine=False, eps=eps)
+    raise ValueError(f"norm {kind!r} is not layernorm or rmsnorm")
 
 
 def timestep_embedding(t, dim, max_period=10000, freq_shift=0):

@@ -9,7 +9,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.models.spec import family_options
 from dit_trainer.models.large_dit import SIZES, DiT_Llama, swiglu_hidden
-from dit_trainer.models.large_dit.layers import apply_rope, rope_cos_sin
+from dit_trainer.models.rope import apply_rope, rope_cos_sin
 
 TINY = dict(input_size=8, patch_size=2, in_channels=4, num_classes=10, dim=64, n_layers=2, n_heads=4, multiple_of=32)
 OPTIONS = {

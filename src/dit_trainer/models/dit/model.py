@@ -10,10 +10,11 @@ release, so its checkpoints load with `strict=True`.
 import torch
 import torch.nn as nn
 
-from dit_trainer.models.dit.sizes import PATCHES
+from dit_trainer.models.dit.sizes import PATCHES, swiglu_width
 from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.guidance import guided_forward
-from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, set_io, timestep_embedding, unpatchify
+from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, get_2d_sincos_pos_embed, set_io,
+                                       timestep_embedding, unpatchify)
 
 
 def modulate(x, shift, scale):
@@ -66,14 +67,22 @@ class LabelEmbedder(nn.Module):
 
 
 class DiTBlock(nn.Module):
-    """Transformer block with adaLN-Zero conditioning: six modulation vectors from c."""
+    """Transformer block with adaLN-Zero conditioning: six modulation vectors from c.
 
-    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0, mlp_norm_eps=1e-6):
+    The block options (`norm`, `mlp`, `qk_norm`, and RoPE over a `rope_grid` of tokens) default to
+    the release's block; see `DiTConfig`.
+    """
+
+    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0, mlp_norm_eps=1e-6, norm="layernorm", mlp="gelu",
+                 qk_norm=False, rope_grid=0):
         super().__init__()
-        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True)
-        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=mlp_norm_eps)
-        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.norm1 = block_norm(norm, hidden_size, eps=1e-6)
+        self.attn = Attention(hidden_size, num_heads=num_heads, qkv_bias=True, qk_norm=qk_norm, rope_grid=rope_grid)
+        self.norm2 = block_norm(norm, hidden_size, eps=mlp_norm_eps)
+        if mlp == "swiglu":
+            self.mlp = FeedForward(hidden_size, swiglu_width(hidden_size, mlp_ratio))
+        else:
+            self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
 
     def forward(self, x, c):
@@ -86,9 +95,9 @@ class DiTBlock(nn.Module):
 class FinalLayer(nn.Module):
     """adaLN-modulated LayerNorm and a linear map from tokens to patches."""
 
-    def __init__(self, hidden_size, patch_size, out_channels):
+    def __init__(self, hidden_size, patch_size, out_channels, norm="layernorm"):
         super().__init__()
-        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.norm_final = block_norm(norm, hidden_size, eps=1e-6)
         self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size, bias=True))
 
@@ -114,6 +123,10 @@ class DiT(nn.Module):
         learn_sigma=True,
         timestep_freq_shift=0,
         mlp_norm_eps=1e-6,
+        norm="layernorm",
+        mlp="gelu",
+        rope=False,
+        qk_norm=False,
     ):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
@@ -125,9 +138,12 @@ class DiT(nn.Module):
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         # A frozen Parameter rather than a buffer, as in the release: same state_dict, same count.
         self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
+        # The block options keep the absolute sin-cos positions too, as LightningDiT does with RoPE.
+        options = {"norm": norm, "mlp": mlp, "qk_norm": qk_norm, "rope_grid": input_size // patch_size if rope else 0}
         self.blocks = nn.ModuleList(
-            [DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio, mlp_norm_eps=mlp_norm_eps) for _ in range(depth)])
-        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+            [DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio, mlp_norm_eps=mlp_norm_eps, **options)
+             for _ in range(depth)])
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm=norm)
         self.initialize_weights()
 
     def initialize_weights(self):

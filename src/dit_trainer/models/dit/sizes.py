@@ -25,6 +25,12 @@ def dit_size(name: str) -> dict:
 NAMES = tuple(f"DiT-{size}/{patch}" for size in SIZES for patch in PATCHES)
 
 
+def swiglu_width(hidden_size: int, mlp_ratio: float = 4.0) -> int:
+    """SwiGLU's hidden width under `model.mlp swiglu`: 2/3 of the GELU MLP's, truncated as LightningDiT
+    computes it (so its three matrices hold the two of the GELU MLP's parameters; DiT-L's 4096 gives 2730)."""
+    return int(2 / 3 * int(hidden_size * mlp_ratio))
+
+
 # The release's function: frequencies over half the embedding, LayerNorm eps 1e-6 everywhere.
 # diffusers' port divides by half - 1 and gives the MLP's LayerNorm (norm2) eps 1e-5.
 RELEASE_CONVENTION = {"timestep_freq_shift": 0, "mlp_norm_eps": 1e-6}

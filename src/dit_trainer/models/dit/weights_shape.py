@@ -5,7 +5,8 @@ import math
 import re
 
 from dit_trainer.errors import CheckpointError, ConfigError
-from dit_trainer.models.dit.sizes import SIZES, dit_name, release_size
+from dit_trainer.models.dit.config import RELEASE_BLOCK
+from dit_trainer.models.dit.sizes import SIZES, dit_name, release_size, swiglu_width
 from dit_trainer.models.spec import options_from_weights
 
 _NAME = re.compile(r"^(\w+)-(S|B|L|XL)/(\d+)$", re.IGNORECASE)
@@ -23,13 +24,31 @@ def tensor_shape(sd: dict, source="weights") -> dict:
     hidden, in_channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[-1])
     grid = math.isqrt(int(sd["pos_embed"].shape[1]))
     out_channels = int(sd["final_layer.linear.weight"].shape[0]) // (patch * patch)
-    fc1 = sd.get("blocks.0.mlp.fc1.weight")
+    fc1, w1 = sd.get("blocks.0.mlp.fc1.weight"), sd.get("blocks.0.mlp.w1.weight")
+    ratio = fc1.shape[0] / hidden if fc1 is not None else _swiglu_ratio(int(w1.shape[0]), hidden) if w1 is not None else 4.0
     # Released checkpoints and ours always hold the null-class row that guidance needs.
     return {"depth": len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), "hidden_size": hidden,
             "patch_size": patch, "input_size": grid * patch, "in_channels": in_channels,
             "num_classes": int(sd["y_embedder.embedding_table.weight"].shape[0]) - 1,
             "learn_sigma": out_channels == 2 * in_channels,
-            "mlp_ratio": fc1.shape[0] / hidden if fc1 is not None else 4.0}
+            "mlp_ratio": ratio}
+
+
+def _swiglu_ratio(width: int, hidden: int) -> float:
+    """The mlp_ratio whose SwiGLU width is `width`: 4 where it fits, else the smallest GELU width that gives it."""
+    if swiglu_width(hidden, 4.0) == width:
+        return 4.0
+    mlp = next((m for m in range(width * 3 // 2 - 1, width * 3 // 2 + 3) if swiglu_width(m, 1.0) == width), width * 3 // 2)
+    return mlp / hidden
+
+
+def block_options_of(sd: dict) -> dict:
+    """The block options (`model.norm`, `mlp`, `qk_norm`) a DiT state dict's tensor names show, where they are
+    not the release's; RoPE holds no tensor, so only a run's config tells it."""
+    found = {"norm": "rmsnorm" if "final_layer.norm_final.weight" in sd else "layernorm",
+             "mlp": "swiglu" if "blocks.0.mlp.w1.weight" in sd else "gelu",
+             "qk_norm": "blocks.0.attn.q_norm.weight" in sd}
+    return {k: v for k, v in found.items() if v != RELEASE_BLOCK[k]}
 
 
 def _heads(depth: int, hidden: int, size, options: dict, source) -> int:
@@ -69,4 +88,8 @@ def weights_shape(sd: dict, name, options: dict, source="weights") -> dict:
     base = dict(zip(("depth", "hidden_size", "num_heads"), SIZES[size]), mlp_ratio=4.0)
     want = {"depth": depth, "hidden_size": hidden, "num_heads": heads, "mlp_ratio": shape["mlp_ratio"]}
     shared = {k: shape[k] for k in ("input_size", "in_channels", "num_classes", "learn_sigma")}
-    return {"name": name, **shared, **options_from_weights(want, base, options, source, name if given else None, what)}
+    sizes = options_from_weights(want, base, options, source, name if given else None, what)
+    # The block options are the tensors' whatever the name (a user's value they contradict is an error).
+    blocks = options_from_weights({**{k: v for k, v in RELEASE_BLOCK.items() if k != "rope"}, **block_options_of(sd)},
+                                  RELEASE_BLOCK, options, source)
+    return {"name": name, **shared, **sizes, **blocks}

@@ -1,5 +1,6 @@
-"""The LLaMA pieces of a DiT-LLaMA block: rotary positions, grouped-query attention with an
-optional q/k LayerNorm, a SwiGLU feed-forward, and the adaLN-Zero block around them.
+"""The LLaMA pieces of a DiT-LLaMA block: grouped-query attention with rotary positions and an
+optional q/k LayerNorm, and the adaLN-Zero block around it and a SwiGLU feed-forward (rotary
+tables and SwiGLU are `models/`' own, shared with DiT's block options).
 
 Module and parameter names are those of Alpha-VLLM's Large-DiT-ImageNet release, so its
 checkpoints load with `strict=True`. Nothing here needs apex, fairscale or flash-attn: RMSNorm
@@ -8,32 +9,13 @@ is torch's, attention is SDPA (which picks flash kernels on GPU itself).
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Replicate
 
 from dit_trainer.models.attention import attention
 from dit_trainer.models.dit.model import modulate
 from dit_trainer.models.large_dit.sizes import swiglu_hidden
-
-
-def rope_cos_sin(head_dim: int, n_tokens: int, theta: float = 10000.0, device=None):
-    """cos and sin of LLaMA's rotary angles, (n_tokens, head_dim // 2) each, in float32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(n_tokens, device=device).float(), inv_freq)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x, cos, sin):
-    """Rotate (B, T, H, D) by position; pairs are adjacent channels (2i, 2i+1), as in the release.
-
-    The rotation runs in float32 whatever the activation dtype, as the release does, because
-    bf16 angles lose the positions of far tokens.
-    """
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    cos, sin = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).type_as(x)
+from dit_trainer.models.layers import FeedForward
+from dit_trainer.models.rope import apply_rope, rope_cos_sin
 
 
 class QKNorm(nn.LayerNorm):
@@ -107,20 +89,6 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).flatten(2))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x), no biases."""
-
-    def __init__(self, dim, multiple_of=256, ffn_dim_multiplier=None):
-        super().__init__()
-        hidden = swiglu_hidden(dim, multiple_of, ffn_dim_multiplier)
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 def cond_dim(dim):
     """Width of the conditioning vector c = t_emb + y_emb: the release caps it at 1024."""
     return min(dim, 1024)
@@ -134,7 +102,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.attention = Attention(dim, n_heads, n_kv_heads, qk_norm, n_tokens)
-        self.feed_forward = FeedForward(dim, multiple_of, ffn_dim_multiplier)
+        self.feed_forward = FeedForward(dim, swiglu_hidden(dim, multiple_of, ffn_dim_multiplier))
         self.attention_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(cond_dim(dim), 6 * dim, bias=True))
