@@ -88,9 +88,28 @@ LAYOUTS_2.update({f"{kind}_{name}": LAYOUTS_2[src] for kind in ("sit", "ldit")
 LAYOUTS_4["ldit_fsdp_tp"] = LAYOUTS_4["fsdp_tp"]
 
 
+# The objectives' training options, each under FSDP and TP ("opt-<name>_fsdp", "opt-<name>_tp")
+# against its own 1-process run ("opt-<name>_reference"): (tiny model, config sections).
+OPTIONS = {
+    "logitnormal": ("dit", {"diffusion": {"timestep_sampler": "logit-normal", "timestep_mean": 0.5}}),
+    "lognormal": ("dit", {"diffusion": {"timestep_sampler": "lognormal", "timestep_std": 1.5}}),
+    "minsnr": ("dit", {"diffusion": {"loss_weighting": "min-snr", "min_snr_gamma": 2.0}}),
+    "direction": ("sit", {"transport": {"t_sampler": "logit-normal", "direction_loss_weight": 0.5}}),
+}
+LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS for name in ("fsdp", "tp")}
+
+
+def option_sections(layout: str) -> dict:
+    """The config sections of an "opt-<name>_..." run; none for the other layouts."""
+    head = layout.split("_")[0]
+    return OPTIONS[head[4:]][1] if head.startswith("opt-") else {}
+
+
 def kind_of(layout: str) -> str:
     """Which tiny model a layout's run trains: "dit", "sit" or "ldit"."""
     head = layout.split("_")[0]
+    if head.startswith("opt-"):
+        return OPTIONS[head[4:]][0]
     return head if head in TINY_MODELS else "dit"
 
 
