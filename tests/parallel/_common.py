@@ -1,5 +1,6 @@
 """Shared by the distributed tests and the torchrun worker: a tiny DiT run and its data."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -56,6 +57,24 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     for name, values in sections.items():
         d.setdefault(name, {}).update(values)
     return config_from_dict(d)
+
+
+def train_one_process(run, **kwargs):
+    """Train tiny_config(run, **kwargs) on TinyLatents in this process."""
+    from dit_trainer.train import DiTTrainer
+
+    DiTTrainer(tiny_config(run, **kwargs), dataset=TinyLatents()).train()
+
+
+@contextlib.contextmanager
+def deterministic():
+    """torch.use_deterministic_algorithms(True) inside, as the torchrun workers run; restored after."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 def read_losses(out, key="loss") -> dict:

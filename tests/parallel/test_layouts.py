@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, final_weights, launch, kind_of, read_losses, tiny_config
+from _common import LAYOUTS_2, LAYOUTS_4, STEPS, deterministic, final_weights, launch, kind_of, read_losses
+from _common import train_one_process as _single_process
 
 pytestmark = pytest.mark.distributed
 
@@ -19,25 +20,15 @@ RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_in
 RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp", "single_sharded"]
 
 
-def _single_process(run, **kwargs):
-    from dit_trainer.train import DiTTrainer
-
-    DiTTrainer(tiny_config(run, **kwargs), dataset=TinyLatents()).train()
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("layouts")
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic():
         _single_process(out / "reference")
         # One process with DCP checkpoints: the parallel trainer without a mesh.
         _single_process(out / "single_sharded", checkpoint={"sharded": True})
         _single_process(out / "sit_reference", kind="sit")
         _single_process(out / "ldit_reference", kind="ldit")
-    finally:
-        torch.use_deterministic_algorithms(was)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
     resume = ",".join(f"{name}={out / src / 'checkpoints' / 'step-00000005'}" for name, src in RESUME_4)
     launch(4, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_4), "--resume", resume)

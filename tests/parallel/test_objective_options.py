@@ -4,9 +4,7 @@ FSDP and TP on gloo: every step's loss and gradient norm equal one process's, in
 from pathlib import Path
 
 import pytest
-import torch
-
-from _common import LAYOUTS_OPTIONS, OPTIONS, STEPS, TinyLatents, kind_of, launch, read_losses, tiny_config
+from _common import LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, launch, read_losses, train_one_process
 
 pytestmark = pytest.mark.distributed
 
@@ -15,16 +13,10 @@ WORKER = Path(__file__).parent / "_worker.py"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from dit_trainer.train import DiTTrainer
-
     out = tmp_path_factory.mktemp("options")
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with deterministic():
         for opt, (kind, sections) in OPTIONS.items():
-            DiTTrainer(tiny_config(out / f"opt-{opt}_reference", kind=kind, **sections), dataset=TinyLatents()).train()
-    finally:
-        torch.use_deterministic_algorithms(was)
+            train_one_process(out / f"opt-{opt}_reference", kind=kind, **sections)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_OPTIONS))
     return out
 
@@ -42,10 +34,7 @@ def test_option_matches_single_process(runs, layout):
 
 def test_options_change_the_loss(runs):
     """Each option's run differs from the plain run of its model: the option reached the objective."""
-    plain = {"dit": {}, "sit": {"transport": {"t_sampler": "logit-normal"}}}
-    from dit_trainer.train import DiTTrainer
-
-    for kind, sections in plain.items():
-        DiTTrainer(tiny_config(runs / f"plain_{kind}", kind=kind, **sections), dataset=TinyLatents()).train()
+    for kind in ("dit", "sit"):
+        train_one_process(runs / f"plain_{kind}", kind=kind)
     for opt, (kind, _) in OPTIONS.items():
         assert read_losses(runs / f"opt-{opt}_reference")[1] != read_losses(runs / f"plain_{kind}")[1], opt

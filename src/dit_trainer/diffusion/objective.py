@@ -47,7 +47,8 @@ class DiffusionObjective(Objective):
         self.cfg = cfg
         self._kwargs = diffusion_kwargs(cfg) if cfg is not None else None
         # None: the release's loss, bit for bit; else the per-step weights of its MSE term.
-        self.mse_weights = None if min_snr_gamma is None else torch.from_numpy(min_snr_weights(diffusion, min_snr_gamma))
+        self.mse_weights = (None if min_snr_gamma is None
+                            else torch.from_numpy(min_snr_weights(diffusion, min_snr_gamma)))
 
     @classmethod
     def from_config(cls, cfg):
