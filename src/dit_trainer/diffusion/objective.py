@@ -91,7 +91,7 @@ class DiffusionObjective(Objective):
         return x_t, t
 
     def loss(self, output, x, draws):
-        """`training_losses(...)["loss"] * weight` with the network's output already computed."""
+        """`training_losses(...)["loss"] * weight` (its MSE term min-SNR weighted if asked), output given."""
         terms = self.diffusion.training_losses(lambda *a, **k: output, x, draws["t"], noise=draws["noise"])
         if self.mse_weights is None:
             return terms["loss"] * draws["weight"]
