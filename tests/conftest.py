@@ -80,3 +80,29 @@ def tiny_latent_shards(tmp_path_factory):
     assert main(["extract", "--data-path", str(root / "images"), "--vae", str(root / "vae"), "--image-size", "16",
                  "--out", str(root / "shards"), "--batch-size", "4", "--workers", "0", "--no-progress"]) == 0
     return root / "shards", root / "vae"
+
+
+@pytest.fixture
+def tiny_train_losses(tmp_path):
+    """Factory: losses(steps, **sections) -> per-step losses of a tiny DiT (or SiT) trained on one fixed batch."""
+    import torch
+
+    from dit_trainer.config import config_from_dict
+    from dit_trainer.train import DiTTrainer
+
+    def losses(steps, **sections):
+        cfg = {"output_dir": str(tmp_path / "run"), "optim": {"lr": 1e-3},
+               "model": {"name": "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10,
+                         "depth": 2, "hidden_size": 64, "num_heads": 4, "learn_sigma": False},
+               "train": {"global_batch_size": 8, "device": "cpu", "mixed_precision": "fp32"},
+               "logging": {"progress": False, "tensorboard": False}}
+        for name, values in sections.items():
+            cfg.setdefault(name, {}).update(values) if isinstance(values, dict) else cfg.__setitem__(name, values)
+        torch.manual_seed(0)
+        trainer = DiTTrainer(config_from_dict(cfg))
+        g = torch.Generator().manual_seed(1)
+        # Data of small spread: the part of the loss a network can learn shows within a few dozen steps.
+        x, y = 0.1 * torch.randn(8, 4, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)
+        return [trainer.train_step((x, y))["loss"] for _ in range(steps)]
+
+    return losses

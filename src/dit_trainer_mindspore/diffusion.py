@@ -95,6 +95,8 @@ class GaussianDiffusion:
         d = cfg.diffusion
         if d.timestep_sampler != "uniform":
             raise ConfigError("diffusion.timestep_sampler must be uniform with backend mindspore")
+        if d.loss_weighting != "none":
+            raise ConfigError("diffusion.loss_weighting must be none with backend mindspore")
         return cls(d.num_timesteps, d.noise_schedule, cfg.model.learn_sigma, d.sigma_small, d.predict_xstart,
                    d.rescale_learned_sigmas, d.use_kl)
 

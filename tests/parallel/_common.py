@@ -62,9 +62,16 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     return config_from_dict(d)
 
 
+def train_one_process(run, **kwargs):
+    """Train tiny_config(run, **kwargs) on TinyLatents in this process."""
+    from dit_trainer.train import DiTTrainer
+
+    DiTTrainer(tiny_config(run, **kwargs), dataset=TinyLatents()).train()
+
+
 @contextlib.contextmanager
 def deterministic():
-    """Deterministic algorithms for the 1-process reference runs (the torchrun workers set them too)."""
+    """torch.use_deterministic_algorithms(True) inside, as the torchrun workers run; restored after."""
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
@@ -105,9 +112,28 @@ LAYOUTS_4["ldit_fsdp_tp"] = LAYOUTS_4["fsdp_tp"]
 BLOCK_OPTION_LAYOUTS = {"blockopts_tp": LAYOUTS_2["tp"], "blockopts_fsdp": LAYOUTS_2["fsdp"]}
 
 
+# The objectives' training options, each under FSDP and TP ("opt-<name>_fsdp", "opt-<name>_tp")
+# against its own 1-process run ("opt-<name>_reference"): (tiny model, config sections).
+OPTIONS = {
+    "logitnormal": ("dit", {"diffusion": {"timestep_sampler": "logit-normal", "timestep_mean": 0.5}}),
+    "lognormal": ("dit", {"diffusion": {"timestep_sampler": "lognormal", "timestep_std": 1.5}}),
+    "minsnr": ("dit", {"diffusion": {"loss_weighting": "min-snr", "min_snr_gamma": 2.0}}),
+    "direction": ("sit", {"transport": {"t_sampler": "logit-normal", "direction_loss_weight": 0.5}}),
+}
+LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS for name in ("fsdp", "tp")}
+
+
+def option_sections(layout: str) -> dict:
+    """The config sections of an "opt-<name>_..." run; none for the other layouts."""
+    head = layout.split("_")[0]
+    return OPTIONS[head[4:]][1] if head.startswith("opt-") else {}
+
+
 def kind_of(layout: str) -> str:
     """Which tiny model a layout's run trains: "dit", "sit" or "ldit"."""
     head = layout.split("_")[0]
+    if head.startswith("opt-"):
+        return OPTIONS[head[4:]][0]
     return head if head in TINY_MODELS else "dit"
 
 

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import (BLOCK_OPTION_LAYOUTS, LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, TinyLatents, kind_of,  # noqa: E402
-                     tiny_config)
+from _common import (BLOCK_OPTION_LAYOUTS, LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, LAYOUTS_OPTIONS, TinyLatents,  # noqa: E402
+                     kind_of, option_sections, tiny_config)
 from dit_trainer.cli import leave_process_group  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
@@ -25,10 +25,11 @@ def main():
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
-    layouts = {**LAYOUTS_2, **LAYOUTS_4, **BLOCK_OPTION_LAYOUTS}
+    layouts = {**LAYOUTS_2, **LAYOUTS_4, **BLOCK_OPTION_LAYOUTS, **LAYOUTS_OPTIONS}
     out = Path(args.out)
     for name in filter(None, args.layouts.split(",")):
-        cfg = tiny_config(out / name, layouts[name], kind=kind_of(name), train=LAYOUT_TRAIN.get(name, {}))
+        cfg = tiny_config(out / name, layouts[name], kind=kind_of(name), train=LAYOUT_TRAIN.get(name, {}),
+                          **option_sections(name))
         DiTTrainer(cfg, dataset=TinyLatents()).train()
     for item in filter(None, args.resume.split(",")):
         name, src = item.split("=")

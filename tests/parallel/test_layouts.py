@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import (LAYOUTS_2, LAYOUTS_4, STEPS, TinyLatents, deterministic, final_weights, kind_of, launch,
-                     read_losses, tiny_config)
+from _common import LAYOUTS_2, LAYOUTS_4, STEPS, deterministic, final_weights, launch, kind_of, read_losses
+from _common import train_one_process as _single_process
 
 pytestmark = pytest.mark.distributed
 
@@ -18,12 +18,6 @@ WORKER = Path(__file__).parent / "_worker.py"
 RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_interleaved_tp", "reference"),
             ("ldit_fsdp_tp", "ldit_tp")]
 RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp", "single_sharded"]
-
-
-def _single_process(run, **kwargs):
-    from dit_trainer.train import DiTTrainer
-
-    DiTTrainer(tiny_config(run, **kwargs), dataset=TinyLatents()).train()
 
 
 @pytest.fixture(scope="module")

@@ -90,19 +90,27 @@ def _assert_same_weights(a, b):
         assert k == k2 and torch.equal(v, v2), k
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "loss-second-moment", "transport", "block_options"])
+# "transport": SiT with logit-normal t, the second objective, resumed the same way; the rest are
+# the objectives' training options.
+_RESUME_CASES = {
+    "uniform": {}, "loss-second-moment": {"diffusion": {"timestep_sampler": "loss-second-moment"}},
+    "transport": {"objective": "transport", "transport": {"t_sampler": "logit-normal"}, "model": {"name": "SiT-S/2"}},
+    "logit-normal": {"diffusion": {"timestep_sampler": "logit-normal", "timestep_mean": 0.5}},
+    "lognormal+min-snr": {"diffusion": {"timestep_sampler": "lognormal", "loss_weighting": "min-snr"}},
+    "transport-direction": {"objective": "transport", "transport": {"direction_loss_weight": 0.5},
+                            "model": {"name": "SiT-S/2"}},
+    # DiT with RMSNorm, SwiGLU, 2-D RoPE and q/k norms
+    "block_options": {"model": {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True}},
+}
+
+
+@pytest.mark.parametrize("sampler", list(_RESUME_CASES))
 def test_resume_is_exact(tmp_path, sampler):
     data = write_npy_latents(tmp_path / "latents", n=24)
-    # "transport": SiT with logit-normal t, the second objective, resumed the same way.
-    objective = {"objective": "transport", "transport": {"t_sampler": "logit-normal"},
-                 "model": {"name": "SiT-S/2"}} if sampler == "transport" else {}
-    if sampler == "block_options":  # DiT with RMSNorm, SwiGLU, 2-D RoPE and q/k norms
-        objective = {"model": {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True}}
 
     def cfg(out, steps):
         return tiny_config(out, data={"path": str(data), "random_flip": True, "num_workers": 1},
-                           diffusion={"timestep_sampler": sampler if "second" in sampler else "uniform"},
-                           **objective,
+                           **_RESUME_CASES[sampler],
                            train={"max_steps": steps, "global_batch_size": 8, "grad_accum_steps": 2,
                                   "mixed_precision": "bf16"},
                            optim={"warmup_steps": 5, "max_grad_norm": 1.0},

@@ -16,6 +16,9 @@ _RANGES = (
     ("model.num_classes", lambda v: v > 0, "a positive integer"),
     ("model.class_dropout_prob", lambda v: 0 <= v < 1, "a probability in [0, 1)"),
     ("diffusion.num_timesteps", lambda v: v > 0, "a positive integer"),
+    ("diffusion.timestep_mean", lambda v: math.isfinite(v), "a finite number"),
+    ("diffusion.timestep_std", lambda v: v > 0 and math.isfinite(v), "a positive number such as 1.0"),
+    ("diffusion.min_snr_gamma", lambda v: v > 0 and math.isfinite(v), "a positive number such as 5.0"),
     ("data.num_workers", lambda v: v >= 0, "0 or more"),
     ("data.image_size", lambda v: v > 0, "a positive integer"),
     ("data.digits_size", lambda v: v > 0, "a positive integer"),
@@ -58,7 +61,8 @@ ENGINES = ("torch", "mindspore")
 
 _NAMES = {
     "diffusion.noise_schedule": ("linear", "cosine", "sigmoid"),
-    "diffusion.timestep_sampler": ("uniform", "loss-second-moment"),
+    "diffusion.timestep_sampler": ("uniform", "loss-second-moment", "logit-normal", "lognormal"),
+    "diffusion.loss_weighting": ("none", "min-snr"),
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
     "data.vae_dtype": ("auto", "fp32", "bf16"),
     "train.activation_checkpointing": ("none", "full", "selective"),

@@ -37,7 +37,11 @@ class DiffusionConfig:
     use_kl: bool = False  # train on the variational bound instead of the noise MSE
     sigma_small: bool = False  # fixed small variance when the model does not learn it
     rescale_learned_sigmas: bool = False  # rescale the variance term of the loss (improved DDPM)
-    timestep_sampler: str = "uniform"  # uniform | loss-second-moment
+    timestep_sampler: str = "uniform"  # uniform | loss-second-moment | logit-normal | lognormal. logit-normal: SD3's density on the step axis, step floor(num_timesteps * sigmoid(timestep_mean + timestep_std * N(0, 1))). lognormal: FasterDiT's lognorm(m, s), which is that density on a rectified flow's t; carried over by noise level, the step whose SNR is nearest ((1 - u) / u)^2 at u = sigmoid(m + s * N(0, 1)), a log-normal SNR. Both: timestep_mean > 0 favours the noisier steps, and the loss is not reweighted back to uniform
+    timestep_mean: float = 0.0  # mean m of the logit-normal and lognormal timestep samplers
+    timestep_std: float = 1.0  # std s (> 0) of the logit-normal and lognormal timestep samplers
+    loss_weighting: str = "none"  # none | min-snr: weigh the MSE term by min(SNR, min_snr_gamma) / SNR (noise prediction) or min(SNR, min_snr_gamma) (predict_xstart); a learned variance's bound term is left as it is
+    min_snr_gamma: float = 5.0  # the gamma (> 0) of min-snr loss weighting
 
 
 @dataclass

@@ -5,6 +5,7 @@ import contextlib
 import torch
 
 from dit_trainer.diffusion import create_diffusion, create_named_schedule_sampler
+from dit_trainer.diffusion.weighting import min_snr_weights, weighted_loss
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import Objective
 from dit_trainer.rng import seeded_global_rng
@@ -34,28 +35,41 @@ def diffusion_from_config(cfg, timestep_respacing=""):
 
 class DiffusionObjective(Objective):
     """Draws (t, weight, noise) with a schedule sampler, feeds q_sample(x, t, noise), scores with
-    `diffusion.training_losses` times the importance weight."""
+    `diffusion.training_losses` (its MSE term min-SNR weighted if asked) times the importance weight."""
 
     name = "diffusion"
     samplers = ("ddpm", "ddim")
     default_sampler = "ddim"
 
-    def __init__(self, diffusion, schedule_sampler, cfg=None):
+    def __init__(self, diffusion, schedule_sampler, cfg=None, min_snr_gamma=None):
         self.diffusion = diffusion
         self.schedule_sampler = schedule_sampler
         self.cfg = cfg
         self._kwargs = diffusion_kwargs(cfg) if cfg is not None else None
+        # None: the release's loss, bit for bit; else the per-step weights of its MSE term.
+        self.mse_weights = (None if min_snr_gamma is None
+                            else torch.from_numpy(min_snr_weights(diffusion, min_snr_gamma)))
 
     @classmethod
     def from_config(cls, cfg):
-        """Built from `cfg.diffusion` (schedule, loss, timestep sampler) and `cfg.model.learn_sigma`."""
+        """Built from `cfg.diffusion` (schedule, loss, timestep sampler, weighting) and `cfg.model.learn_sigma`."""
+        d = cfg.diffusion
         diffusion = create_diffusion(timestep_respacing="", **diffusion_kwargs(cfg))
-        name = cfg.diffusion.timestep_sampler
+        name = d.timestep_sampler
+        if name in ("logit-normal", "lognormal") and not d.timestep_std > 0:
+            raise ConfigError(f"diffusion.timestep_std is {d.timestep_std!r}; it must be a positive number such as 1.0")
         try:
-            sampler = create_named_schedule_sampler(name, diffusion)
+            sampler = create_named_schedule_sampler(name, diffusion, d.timestep_mean, d.timestep_std)
         except NotImplementedError:
-            raise ConfigError(f"diffusion.timestep_sampler {name!r} is not one of uniform, loss-second-moment") from None
-        return cls(diffusion, sampler, cfg)
+            raise ConfigError(f"diffusion.timestep_sampler {name!r} is not one of uniform, loss-second-moment, "
+                              f"logit-normal, lognormal") from None
+        weighting = getattr(d, "loss_weighting", "none")
+        if weighting not in ("none", "min-snr"):
+            raise ConfigError(f"diffusion.loss_weighting {weighting!r} is not one of none, min-snr")
+        if weighting == "min-snr" and d.use_kl:
+            raise ConfigError("diffusion.loss_weighting min-snr weighs the MSE loss, and diffusion.use_kl trains on "
+                              "the bound instead; drop one of them")
+        return cls(diffusion, sampler, cfg, min_snr_gamma=d.min_snr_gamma if weighting == "min-snr" else None)
 
     def draw(self, n, sample_shape, generator, device):
         """{"t", "weight", "noise"}: timesteps and weights from the schedule sampler, then the noise.
@@ -77,9 +91,12 @@ class DiffusionObjective(Objective):
         return x_t, t
 
     def loss(self, output, x, draws):
-        """`training_losses(...)["loss"] * weight` with the network's output already computed."""
+        """`training_losses(...)["loss"] * weight` (its MSE term min-SNR weighted if asked), output given."""
         terms = self.diffusion.training_losses(lambda *a, **k: output, x, draws["t"], noise=draws["noise"])
-        return terms["loss"] * draws["weight"]
+        if self.mse_weights is None:
+            return terms["loss"] * draws["weight"]
+        mse_weight = self.mse_weights.to(terms["mse"].device)[draws["t"]].to(terms["mse"].dtype)
+        return weighted_loss(terms, mse_weight) * draws["weight"]
 
     def observe(self, draws, losses):
         """Feed the unweighted per-sample losses to a loss-aware schedule sampler."""

@@ -1,4 +1,5 @@
-"""Importance samplers over diffusion timesteps (uniform and loss-second-moment).
+"""Samplers over diffusion timesteps: importance samplers (uniform, loss-second-moment) and shaped
+densities (logit-normal, lognormal).
 
 Randomness: with ``generator=None``, ``sample`` draws from numpy's global RNG exactly like
 facebookresearch/DiT (so ``np.random.seed`` reproduces the reference's timesteps). A trainer that
@@ -6,6 +7,10 @@ needs bit-exact resume passes a ``torch.Generator`` instead; one 63-bit seed is 
 that generator per call and fed to a fresh ``numpy.random.Generator``, so saving and restoring the
 torch generator's state is all that resuming needs. The two paths draw from the same distribution
 and return the same importance weights, but not the same indices.
+
+The shaped densities change which noise levels training sees on purpose (Esser et al. 2024; FasterDiT,
+Yao et al. 2024), so their weights are all one. They draw from torch: the caller's generator, or
+torch's global RNG without one.
 """
 
 from abc import ABC, abstractmethod
@@ -19,16 +24,23 @@ __all__ = [
     "UniformSampler",
     "LossAwareSampler",
     "LossSecondMomentResampler",
+    "LogitNormalSampler",
+    "LogNormalSNRSampler",
     "create_named_schedule_sampler",
 ]
 
 
-def create_named_schedule_sampler(name, diffusion):
-    """Build a timestep sampler by name: "uniform" or "loss-second-moment"."""
+def create_named_schedule_sampler(name, diffusion, mean=0.0, std=1.0):
+    """Build a timestep sampler by name: "uniform", "loss-second-moment", "logit-normal" or "lognormal"
+    (`mean` and `std` shape the last two)."""
     if name == "uniform":
         return UniformSampler(diffusion)
     if name == "loss-second-moment":
         return LossSecondMomentResampler(diffusion)
+    if name == "logit-normal":
+        return LogitNormalSampler(diffusion, mean, std)
+    if name == "lognormal":
+        return LogNormalSNRSampler(diffusion, mean, std)
     raise NotImplementedError(f"unknown schedule sampler: {name}")
 
 
@@ -159,3 +171,51 @@ class LossSecondMomentResampler(LossAwareSampler):
         assert np.shape(history) == self._loss_history.shape, "history shape does not match this sampler"
         self._loss_history = np.array(history, dtype=np.float64)
         self._loss_counts = np.array(counts, dtype=np.int64)
+
+
+class _NormalShapedSampler(ScheduleSampler):
+    """Step i is drawn when z = mean + std * N(0, 1) falls in (lower[i], upper[i]]; weights all one."""
+
+    def __init__(self, diffusion, mean=0.0, std=1.0):
+        if not std > 0:
+            raise ValueError(f"the std of a normal-shaped timestep sampler must be positive, got {std!r}")
+        self.diffusion, self.mean, self.std = diffusion, float(mean), float(std)
+        self.upper = torch.as_tensor(self._upper_bounds(diffusion.num_timesteps), dtype=torch.float64)
+
+    def _upper_bounds(self, num_steps):
+        """(num_steps - 1,) increasing z bounds: step i takes z up to bound i, the last step the rest."""
+        raise NotImplementedError
+
+    def weights(self):
+        """The exact probability of each step under this density (what ``sample`` draws from)."""
+        edges = torch.cat([torch.tensor([-np.inf], dtype=torch.float64), self.upper,
+                           torch.tensor([np.inf], dtype=torch.float64)])
+        cdf = torch.special.ndtr((edges - self.mean) / self.std)
+        return (cdf[1:] - cdf[:-1]).numpy()
+
+    def sample(self, batch_size, device, generator=None):
+        """``batch_size`` steps from this density and all-one weights, from ``generator`` (torch's RNG if None)."""
+        n = torch.randn((batch_size,), generator=generator, device=device)
+        z = self.mean + self.std * n.double()
+        t = torch.searchsorted(self.upper.to(z.device), z)
+        return t.long(), torch.ones(batch_size, dtype=torch.float32, device=device)
+
+
+class LogitNormalSampler(_NormalShapedSampler):
+    """SD3's logit-normal on the step axis: step floor(T * sigmoid(z)), so mean > 0 favours noisier steps."""
+
+    def _upper_bounds(self, num_steps):
+        """logit(i / T) for i = 1 .. T-1: sigmoid(z) below i / T lands in a step under i."""
+        u = np.arange(1, num_steps, dtype=np.float64) / num_steps
+        return np.log(u) - np.log1p(-u)
+
+
+class LogNormalSNRSampler(_NormalShapedSampler):
+    """FasterDiT's lognorm(m, s) by noise level: the step whose log SNR is nearest -2z, the log SNR
+    ((1 - u) / u)^2 of a rectified flow at u = sigmoid(z); mean > 0 favours noisier steps."""
+
+    def _upper_bounds(self, num_steps):
+        """The z at the midpoints between neighbouring steps' log SNR (which falls with the step)."""
+        acp = np.asarray(self.diffusion.alphas_cumprod, dtype=np.float64)
+        log_snr = np.log(acp) - np.log1p(-acp)
+        return -(log_snr[:-1] + log_snr[1:]) / 4

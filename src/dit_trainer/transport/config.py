@@ -21,6 +21,7 @@ class TransportConfig:
     t_sampler: str = "uniform"  # uniform | logit-normal
     logit_mean: float = 0.0  # mean of the logit-normal t sampler; > 0 favours t near 1, the data end here (SD3's t = 1 is noise)
     logit_std: float = 1.0  # std of the logit-normal t sampler
+    direction_loss_weight: float = 0.0  # w >= 0: add w * (1 - cos(predicted, true velocity)) per sample, cos over all of a sample (FasterDiT); velocity prediction only; 0 is off
     # Sampling defaults.
     sampler: str = "ode"  # ode | sde
     ode_method: str = "dopri5"  # any torchdiffeq method: euler, midpoint, rk4, dopri5, heun3, ...

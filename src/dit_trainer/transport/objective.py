@@ -8,6 +8,7 @@ import torch
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import Objective
 from dit_trainer.transport.config import TransportConfig
+from dit_trainer.transport.direction import check_direction_weight, direction_loss
 from dit_trainer.transport.sampler import Sampler
 from dit_trainer.transport.timesteps import T_SAMPLERS, sample_t
 from dit_trainer.transport.transport import create_transport
@@ -41,9 +42,11 @@ class TransportObjective(Objective):
     default_sampler = "ode"
 
     def __init__(self, transport, t_sampler="uniform", logit_mean=0.0, logit_std=1.0, learn_sigma=False,
-                 sampling=None):
+                 sampling=None, direction_loss_weight=0.0):
         if t_sampler not in T_SAMPLERS:
             raise ConfigError(f"transport.t_sampler {t_sampler!r} is not one of {', '.join(T_SAMPLERS)}")
+        check_direction_weight(direction_loss_weight, transport.prediction)
+        self.direction_loss_weight = float(direction_loss_weight)
         self.transport = transport
         self.t_sampler, self.logit_mean, self.logit_std = t_sampler, float(logit_mean), float(logit_std)
         self.learn_sigma = bool(learn_sigma)
@@ -59,7 +62,8 @@ class TransportObjective(Objective):
         transport = create_transport(tc.path_type, tc.prediction, tc.loss_weight, tc.train_eps, tc.sample_eps)
         model = getattr(cfg, "model", None)
         return cls(transport, tc.t_sampler, tc.logit_mean, tc.logit_std,
-                   learn_sigma=getattr(model, "learn_sigma", False), sampling=tc)
+                   learn_sigma=getattr(model, "learn_sigma", False), sampling=tc,
+                   direction_loss_weight=tc.direction_loss_weight)
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -86,8 +90,14 @@ class TransportObjective(Objective):
         raise ValueError(f"model output has {output.shape[1]} channels for data with {x.shape[1]}")
 
     def loss(self, output, x, draws):
-        """(n,) per-sample loss as the SiT release computes it, for the given t and noise."""
-        return self.transport.loss_from_output(self.prediction(output, x), x, draws["t"], draws["noise"].to(x))
+        """(n,) per-sample loss as the SiT release computes it, for the given t and noise, plus the
+        direction term when `direction_loss_weight` is set."""
+        pred, noise = self.prediction(output, x), draws["noise"].to(x)
+        loss = self.transport.loss_from_output(pred, x, draws["t"], noise)
+        if not self.direction_loss_weight:
+            return loss
+        target = self.transport.path.ut(draws["t"], noise, x)
+        return loss + self.direction_loss_weight * direction_loss(pred, target)
 
     # -- sampling ---------------------------------------------------------------------------------
 
