@@ -103,5 +103,5 @@ def test_inception_weights_of_another_sha256_are_named(tmp_path, capsys, monkeyp
         load_inception(other)
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(other) in err and "sha256" in err and iw.INCEPTION_WEIGHTS_FILE in err
-    monkeypatch.setattr(iw, "INCEPTION_WEIGHTS_SHA256", hashlib.sha256(other.read_bytes()).hexdigest())
+    monkeypatch.setattr(iw, "INCEPTION_WEIGHTS_SHA256", hashlib.sha256(other.read_bytes()).hexdigest()[:8] + "0" * 56)
     assert iw.note_other_weights(Path(other)) is False and capsys.readouterr().err == ""

@@ -60,17 +60,17 @@ def fetch_inception_weights(url=None, sha256=None, progress: bool = True) -> Pat
 
 
 def note_other_weights(path) -> bool:
-    """One warning line when the --weights file is not torch-fidelity's (its sha256 differs): the keys
-    may match while the numbers are not the published network's. True when it warned."""
+    """One warning line when the --weights file is not the published one (its sha256 does not begin with
+    the 8 hex digits the release's name carries): the keys may match while the numbers are another
+    network's. True when it warned."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
-    got = digest.hexdigest()
-    if got == INCEPTION_WEIGHTS_SHA256:
+    got, want = digest.hexdigest(), INCEPTION_WEIGHTS_SHA256[:8]
+    if got.startswith(want):
         return False
-    print(f"warning: --weights {path} has sha256 {got[:16]}..., not {INCEPTION_WEIGHTS_FILE}'s "
-          f"{INCEPTION_WEIGHTS_SHA256[:16]}...: its FID and IS are comparable with published numbers only if it "
-          "holds the same network (pytorch-fid's file does); pass that file or leave out --weights",
-          file=sys.stderr, flush=True)
+    print(f"warning: --weights {path} has sha256 {got[:16]}..., not the {want}... of {INCEPTION_WEIGHTS_FILE}: "
+          "its FID and IS compare with published numbers only if it holds the same network; pass that file "
+          "or leave out --weights", file=sys.stderr, flush=True)
     return True
