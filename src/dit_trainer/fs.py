@@ -194,11 +194,14 @@ def staged_folder(out, replace: bool = False, error=DitError):
     try:
         yield tmp
         if replace and out.is_dir() and os.listdir(out):
-            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            aside = tmp.with_suffix(".old")  # unique as tmp's name is
             os.replace(out, aside)
         os.replace(tmp, out)  # onto a missing or empty folder
         if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+            if aside.is_symlink():  # OUT was a link: the link goes, what it pointed at stays
+                aside.unlink()
+            else:
+                shutil.rmtree(aside, ignore_errors=True)
     except BaseException as err:
         if aside is not None and aside.is_dir() and not out.exists():
             os.replace(aside, out)  # the old folder back where the new one failed to go
