@@ -107,7 +107,7 @@ def test_extract_keeps_a_folder_holding_files(images_and_vae, tmp_path, capsys):
     rc, err = _extract(capsys, images, vae, out, "--no-flips")
     assert rc == 2 and "--overwrite" in err and "flips" in err
     assert _extract(capsys, images, vae, out, "--no-flips", "--overwrite")[0] == 0
-    assert '"flips": false' in (out / "manifest.json").read_text().replace(" ", " ")
+    assert '"flips": false' in (out / "manifest.json").read_text()
 
 
 def test_extract_on_a_full_disk_names_out_and_leaves_no_temporary(images_and_vae, tmp_path, capsys, monkeypatch):

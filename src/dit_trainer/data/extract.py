@@ -28,7 +28,7 @@ from dit_trainer.data.vae import latent_shape, load_vae, resolve_dtype, scaling
 from dit_trainer.errors import DataError
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 
-# What a failed write raises: OSError, or numpy's and json's errors wrapping one.
+# What a failed write raises: OSError, or a RuntimeError where a library words a full disk its own way.
 WRITE_ERRORS = (OSError, RuntimeError)
 
 PLAN = "extract.json"
