@@ -7,11 +7,13 @@ is told in one line naming the path, the cause and, where known, the bytes it ne
 Torch-free: the config and data layers use it too.
 """
 
+import contextlib
 import errno
 import os
 import shutil
 import stat
 import sys
+import tempfile
 from pathlib import Path
 
 from dit_trainer.errors import DitError
@@ -116,9 +118,10 @@ def cause_of(err: BaseException) -> str:
     return "No space left on device" if "os error 28" in text or "No space left" in text else text
 
 
-def write_error_text(path, err: BaseException, needed=None) -> str:
-    """`cannot write PATH: CAUSE (needs about N, F free)`: one line for any failed write."""
-    where = getattr(err, "filename", None) or path
+def write_error_text(path, err: BaseException, needed=None, exact: bool = False) -> str:
+    """`cannot write PATH: CAUSE (needs about N, F free)`: one line for any failed write (`exact`: name
+    `path` itself, not the file the error names, a temporary one that is gone)."""
+    where = path if exact else getattr(err, "filename", None) or path
     text = f"cannot write {where}: {cause_of(err)}"
     free = free_bytes(path)
     if needed:
@@ -136,3 +139,89 @@ def warn_low_space(path, needed, what: str) -> bool:
     print(f"warning: {size_text(free)} free under {path}, and {what} takes about {size_text(needed)}: "
           "the write will likely fail; free space now", file=sys.stderr, flush=True)
     return True
+
+
+def disk_error(err: BaseException) -> bool:
+    """Whether a failed write is the disk's fault (full, quota, read-only, I/O), not the code's: an OSError
+    of DISK_ERRNOS, or torch's / safetensors' wording of one."""
+    if isinstance(err, OSError):
+        return err.errno in DISK_ERRNOS
+    text = str(err)
+    return isinstance(err, Exception) and any(
+        s in text for s in ("No space left", "os error 28", "os error 122", "file write failed"))
+
+
+def refuse_existing(path, flag: str, error=DitError, own=None) -> None:
+    """A one-line `error` when `path` is a file, or a folder holding anything, that this command did not
+    write: `own(path)` says whether it is the command's own work (resumed, not replaced)."""
+    p = Path(os.path.expanduser(os.fspath(path)))
+    if not os.path.lexists(p) or (own is not None and own(p)):
+        return
+    if p.is_dir():
+        entries = sorted(os.listdir(p))
+        if not entries:
+            return
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise error(f"{flag} {path} already holds files ({shown}); pass a new {flag} "
+                    "or --overwrite to replace it")
+    raise error(f"{flag} {path} already exists; pass another {flag} or --overwrite to replace it")
+
+
+def _failed(tmp: Path, target, err: BaseException, error):
+    """Remove the temporary `tmp`; a disk's failure becomes one `error` line naming `target`."""
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    if disk_error(err):
+        return error(f"{write_error_text(target, err, exact=True)}; nothing was kept (the partial copy is "
+                     "removed): free space or fix the permissions, then rerun")
+    return None
+
+
+@contextlib.contextmanager
+def staged_folder(out, replace: bool = False, error=DitError):
+    """A fresh hidden folder beside `out` to write into: renamed to `out` when the block ends (an `out`
+    holding files is replaced only when `replace`), removed when it fails, so `out` is whole or untouched."""
+    out = Path(os.path.expanduser(os.fspath(out)))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as err:
+        raise (error(write_error_text(out, err)) if disk_error(err) else err) from None
+    aside = None
+    try:
+        yield tmp
+        if replace and out.is_dir() and os.listdir(out):
+            aside = tmp.with_suffix(".old")  # unique as tmp's name is
+            os.replace(out, aside)
+        os.replace(tmp, out)  # onto a missing or empty folder
+        if aside is not None:
+            if aside.is_symlink():  # OUT was a link: the link goes, what it pointed at stays
+                aside.unlink()
+            else:
+                shutil.rmtree(aside, ignore_errors=True)
+    except BaseException as err:
+        if aside is not None and aside.is_dir() and not out.exists():
+            os.replace(aside, out)  # the old folder back where the new one failed to go
+        mapped = _failed(tmp, out, err, error)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
+@contextlib.contextmanager
+def staged_file(path, error=DitError):
+    """A temporary name beside `path` to write: renamed to `path` when the block ends, removed when it fails."""
+    path = Path(os.path.expanduser(os.fspath(path)))
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as err:
+        mapped = _failed(tmp, path, err, error)
+        if mapped is None:
+            raise
+        raise mapped from None

@@ -30,7 +30,7 @@ _RANGES = (
     ("optim.eps", lambda v: v > 0 and math.isfinite(v), "a positive number such as 1e-8"),
     ("optim.warmup_steps", lambda v: v >= 0, "0 or more"),
     ("optim.max_grad_norm", lambda v: v >= 0 and math.isfinite(v), "0 (no clipping) or more"),
-    ("train.max_steps", lambda v: v >= 0, "0 or more"),
+    ("train.max_steps", lambda v: 0 <= v < 2**53, "0 or more, below 2**53"),
     ("train.global_batch_size", lambda v: v > 0, "a positive integer"),
     ("train.grad_accum_steps", lambda v: v > 0, "a positive integer"),
     ("train.seed", lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),

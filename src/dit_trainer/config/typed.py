@@ -56,12 +56,16 @@ def coerce(value: Any, tp, key: str):
         try:
             num = float(value) if isinstance(value, str) else value
             if tp is int:
-                if float(num) != int(float(num)):
+                if isinstance(num, int):
+                    return num
+                # A float past 2**53 (1e30, inf from 1e400) names no integer exactly: refused, not rounded.
+                if not abs(float(num)) <= 2**53 or float(num) != int(float(num)):
                     raise ValueError
                 return int(float(num))
             return float(num)
-        except (TypeError, ValueError):
-            raise ConfigError(f"config key {key!r} needs {tp.__name__}, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"config key {key!r} needs {tp.__name__}, got {value!r}"
+                              + ("; write a whole number in digits" if tp is int else "")) from None
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"config key {key!r} needs a string, got {value!r}")

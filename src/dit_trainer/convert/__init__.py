@@ -33,9 +33,13 @@ def read(fmt, src, model=None, vae=None, num_heads=None, convention="diffusers")
     raise ConfigError(f"--from {fmt}: not one of {', '.join(READERS)}")
 
 
-def write(fmt, bundle: Bundle, out):
-    """Write `bundle` at `out` in format `fmt`; returns the path."""
+def write(fmt, bundle: Bundle, out, overwrite: bool = False):
+    """Write `bundle` at `out` in format `fmt`; returns the path. The folder is written beside `out` and
+    renamed into place; an `out` holding files is refused unless `overwrite` (then it is replaced)."""
+    from pathlib import Path
+
     from dit_trainer.errors import ConfigError
+    from dit_trainer.fs import refuse_existing, staged_folder
 
     if fmt == "ours":
         from dit_trainer.convert import run_folder as mod
@@ -49,13 +53,19 @@ def write(fmt, bundle: Bundle, out):
         # Their DiTPipeline samples a noise-prediction model with DDIM; a velocity model would come out as noise.
         raise ConfigError(f"{bundle.source} was trained with objective transport (SiT's interpolants), which "
                           f"{fmt}' DiTPipeline cannot sample; use dit sample or DiTPipeline.from_pretrained on it")
-    return mod.write(bundle, out)
+    if not overwrite:
+        refuse_existing(out, "OUT", ConfigError)
+    with staged_folder(out, replace=overwrite) as tmp:
+        # Our config.yaml records paths under the folder's final name, not the staging one.
+        mod.write(bundle, tmp, **({"final": out} if fmt == "ours" else {}))
+    return Path(out)
 
 
-def convert(src_format, src, dst_format, out, model=None, vae=None, num_heads=None, convention="diffusers"):
+def convert(src_format, src, dst_format, out, model=None, vae=None, num_heads=None, convention="diffusers",
+            overwrite: bool = False):
     """Read `src` as `src_format` and write it to `out` as `dst_format`; returns (out, bundle)."""
     bundle = read(src_format, src, model=model, vae=vae, num_heads=num_heads, convention=convention)
-    return write(dst_format, bundle, out), bundle
+    return write(dst_format, bundle, out, overwrite), bundle
 
 
 def add_commands(subparsers) -> None:

@@ -21,22 +21,27 @@ def add_commands(subparsers) -> None:
     p.add_argument("--vae", default=None, help="VAE folder or hub id the model's latents came from")
     p.add_argument("--timestep-convention", choices=("diffusers", "release"), default="diffusers",
                    help="importing a pipeline: run it as diffusers computes it (default) or as the original DiT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT when it already holds files (they are deleted); by default they are kept "
+                        "and nothing is written")
     p.set_defaults(func=run)
 
 
-def check_paths(src, out) -> None:
+def check_paths(src, out, overwrite: bool = False) -> None:
     """One-line errors before reading: OUT must be a folder (new or existing) apart from SRC; writing into
     SRC, or SRC into OUT, would rewrite the source in place (a run folder gains stale root files)."""
     from pathlib import Path
 
     from dit_trainer.errors import ConfigError
-    from dit_trainer.fs import check_output_path
+    from dit_trainer.fs import check_output_path, refuse_existing
 
     check_output_path(out, "OUT", ConfigError, folder=True)
     a, b = Path(src).expanduser().resolve(), Path(out).expanduser().resolve()
     if a == b or a in b.parents or b in a.parents:
         raise ConfigError(f"OUT {out} {'is' if a == b else 'overlaps'} SRC {src}: converting would rewrite the source; "
                           "pass a folder apart from it")
+    if not overwrite:  # before the weights are read: OUT's files are the user's until they say otherwise
+        refuse_existing(out, "OUT", ConfigError)
 
 
 SIZE_KEYS = ("depth", "hidden_size", "num_heads", "mlp_ratio", "dim", "n_layers", "n_heads", "n_kv_heads")
@@ -46,9 +51,9 @@ def run(args) -> int:
     """Convert and say what was written."""
     from dit_trainer.convert import convert
 
-    check_paths(args.src, args.out)
+    check_paths(args.src, args.out, args.overwrite)
     out, bundle = convert(args.src_format, args.src, args.dst_format, args.out, model=args.model, vae=args.vae,
-                          num_heads=args.num_heads, convention=args.timestep_convention)
+                          num_heads=args.num_heads, convention=args.timestep_convention, overwrite=args.overwrite)
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}
     note = f" (timestep convention {extra})" if extra else ""
     # A size name with overrides (a run of DiT-XL/2 at --model.depth 2) is not that size: say what it is.

@@ -110,7 +110,7 @@ def write(bundle: Bundle, out) -> Path:
 
 def read(src, convention="diffusers") -> Bundle:
     """A Bundle from a diffusers DiTPipeline folder (or its transformer/ folder alone)."""
-    from safetensors.torch import load_file
+    from dit_trainer.checkpoint.files import load_safetensors
 
     root = Path(src)
     tdir = transformer_dir(src, "diffusers")
@@ -121,7 +121,10 @@ def read(src, convention="diffusers") -> Bundle:
         raise CheckpointError(f"{tdir} holds no .safetensors weights; re-save the pipeline with safe_serialization=True")
     sd = {}
     for f in files:
-        sd.update(load_file(str(f)))
+        try:
+            sd.update(load_safetensors(f))
+        except CheckpointError as err:  # truncated or garbled: one line, and what to do
+            raise CheckpointError(f"{err}; download or save {root} again") from None
     vae_dir = root / "vae"
     return pipeline_bundle(root, tdir, model, sd, str(vae_dir) if vae_dir.is_dir() else None)
 

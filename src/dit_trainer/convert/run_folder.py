@@ -84,8 +84,8 @@ def _labels(path):
     return None
 
 
-def write(bundle: Bundle, out) -> Path:
-    """Write `bundle` as our checkpoint folder at `out`; returns it."""
+def write(bundle: Bundle, out, final=None) -> Path:
+    """Write `bundle` as our checkpoint folder at `out` (to be renamed `final`, where paths point); returns it."""
     from safetensors.torch import save_file
 
     from dit_trainer.class_names import imagenet_class_names
@@ -115,7 +115,7 @@ def write(bundle: Bundle, out) -> Path:
     names = bundle.class_names
     if names and not (len(names) == 1000 and list(names) == imagenet_class_names()):
         (out / "labels.json").write_text(json.dumps({"class_names": list(names)}, indent=1))
-        cfg.data.labels_file = str((out / "labels.json").resolve())
+        cfg.data.labels_file = str((Path(final or out) / "labels.json").resolve())
     data = yaml.safe_load(config_yaml(cfg))
     data["model"].update({k: v for k, v in bundle.model.items() if k in CONVENTION_KEYS})
     (out / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))

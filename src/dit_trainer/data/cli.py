@@ -14,7 +14,7 @@ def _extract(args) -> int:
         args.data_path, args.vae, args.image_size, args.out, batch_size=args.batch_size,
         shard_size=args.shard_size, vae_dtype=args.vae_dtype, dtype=args.dtype, flips=not args.no_flips,
         posterior=args.store.replace("-", "_"), workers=args.workers, device=args.device,
-        on_bad_image=args.on_bad_image, seed=args.seed, progress=not args.no_progress,
+        on_bad_image=args.on_bad_image, seed=args.seed, progress=not args.no_progress, overwrite=args.overwrite,
     )
     print(f"dit extract: rank {stats['rank']} encoded {stats['images']} images in {stats['shards']} shards, "
           f"{stats['seconds']:.1f} s ({stats['images_per_s']:.1f} images/s)", file=sys.stderr)
@@ -84,6 +84,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--on-bad-image", choices=("skip", "stop"), default="skip",
                    help="skip unreadable images and list them in OUT/skipped.txt, or stop at the first")
     p.add_argument("--seed", type=int, default=0, help="seed of the stored sample with --store sample")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an --out holding other files (same-named ones are replaced), or replace an "
+                        "extract made there with other settings; by default both are refused")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_extract)
 

@@ -26,6 +26,10 @@ from dit_trainer.data.encode import encode_rows
 from dit_trainer.data.images import ImageFiles, list_image_folder
 from dit_trainer.data.vae import latent_shape, load_vae, resolve_dtype, scaling
 from dit_trainer.errors import DataError
+from dit_trainer.fs import disk_error, refuse_existing, write_error_text
+
+# What a failed write raises: OSError, or a RuntimeError where a library words a full disk its own way.
+WRITE_ERRORS = (OSError, RuntimeError)
 
 PLAN = "extract.json"
 SKIPPED = "skipped.txt"
@@ -67,8 +71,32 @@ def _batches(shard_ids: List[int], shard_size: int, total: int, batch_size: int)
             yield list(range(start, min(start + batch_size, stop)))
 
 
-def _check_plan(out: str, plan: Dict, rank: int) -> None:
+def _own(out) -> bool:
+    """Whether `out` is an extract's folder (its plan is there): resumed or refused by the plan, never
+    written over as a stranger's."""
+    return os.path.isfile(os.path.join(out, PLAN))
+
+
+def _discard(out: str) -> None:
+    """Remove an earlier extract's files from `out` (--overwrite over other settings); other files stay."""
+    names = [PLAN, SKIPPED, sh.MANIFEST]
+    for path in glob.glob(os.path.join(glob.escape(out), "shard-*")) + [os.path.join(out, n) for n in names]:
+        if os.path.isfile(path):
+            os.remove(path)
+
+
+def _check_plan(out: str, plan: Dict, rank: int, overwrite: bool = False) -> None:
     path = os.path.join(out, PLAN)
+    if os.path.isfile(path) and overwrite and rank == 0:
+        try:
+            with open(path, encoding="utf-8") as f:
+                same = all(json.load(f).get(k) == v for k, v in plan.items())
+        except (OSError, ValueError, AttributeError):
+            same = False
+        if not same:
+            print(f"dit extract: --overwrite: replacing the extract in {out}, made with other settings",
+                  file=sys.stderr)
+            _discard(out)
     if os.path.isfile(path):
         try:
             with open(path, encoding="utf-8") as f:
@@ -79,7 +107,7 @@ def _check_plan(out: str, plan: Dict, rank: int) -> None:
             if old.get(key) != value:
                 raise DataError(
                     f"{path}: {out} was extracted with {key}={old.get(key)!r}, this run has {value!r}; "
-                    f"pass another --out or delete {out}"
+                    f"pass another --out, or --overwrite to replace that extract"
                 )
     elif rank == 0:
         sh._atomic_json(path, plan)
@@ -110,25 +138,36 @@ def _files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
 def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shard_size: int = 2048,
                 vae_dtype: str = "fp32", dtype: str = "float16", flips: bool = True, posterior: str = "mean_std",
                 workers: int = 4, device=None, on_bad_image: str = "skip", seed: int = 0,
-                progress: bool = True) -> Dict:
-    """Encode `data_path` into shards under `out`; returns this rank's counts and images/s."""
+                progress: bool = True, overwrite: bool = False) -> Dict:
+    """Encode `data_path` into shards under `out`; returns this rank's counts and images/s. An `out`
+    holding files of no extract, or an extract of other settings, is refused unless `overwrite`."""
     if posterior not in sh.POSTERIOR_KINDS:
         raise DataError(f"posterior {posterior!r} is not one of {sh.POSTERIOR_KINDS}")
     if on_bad_image not in ("skip", "stop"):
         raise DataError(f"on_bad_image {on_bad_image!r} must be 'skip' or 'stop'")
     if image_size < 8 or batch_size < 1 or shard_size < 1:
         raise DataError("--image-size must be >= 8, --batch-size and --shard-size >= 1")
+    if not overwrite:
+        refuse_existing(out, "--out", DataError, own=_own)
     dist = _Dist()
     try:
         return _extract(dist, os.fspath(data_path), os.fspath(vae), int(image_size), os.fspath(out),
                         batch_size, shard_size, vae_dtype, dtype, flips, posterior, workers, device,
-                        on_bad_image, seed, progress)
+                        on_bad_image, seed, progress, overwrite)
+    except WRITE_ERRORS as err:
+        if not disk_error(err):
+            raise
+        # This process's half-written arrays and markers (`*.tmpPID`) go; finished shards stay for the rerun.
+        for leftover in glob.glob(os.path.join(glob.escape(os.fspath(out)), f"*.tmp{os.getpid()}")):
+            os.remove(leftover)
+        raise DataError(f"{write_error_text(out, err, exact=True)}; finished shards are kept: free space, "
+                        "then rerun the same command to go on") from None
     finally:
         dist.close()
 
 
 def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size, vae_dtype, dtype, flips,
-             posterior, workers, device, on_bad_image, seed, progress):
+             posterior, workers, device, on_bad_image, seed, progress, overwrite=False):
     paths, labels, class_names = list_image_folder(data_path)
     if os.path.isdir(os.path.expanduser(vae_name)):
         # Recorded in the manifest for `dit sample`, which may run from another directory.
@@ -146,7 +185,7 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
         "dtype": dtype, "seed": int(seed) if posterior == "sample" else None,
     }
     if dist.rank == 0:
-        _check_plan(out, plan, 0)
+        _check_plan(out, plan, 0, overwrite)
     dist.barrier()
     if dist.rank != 0:
         _check_plan(out, plan, dist.rank)

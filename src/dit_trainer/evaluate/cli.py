@@ -7,7 +7,6 @@
 """
 
 import json
-from pathlib import Path
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.host_memory import keep_freed_memory_on
@@ -51,6 +50,8 @@ def add_commands(sub) -> None:
                    help="precision/recall distances in float16 as the ADM evaluator computes them (default), "
                         "or float32")
     p.add_argument("--json", metavar="OUT", help="also write the metrics as JSON here")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out or --json file (by default it is kept and nothing is measured)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
@@ -65,13 +66,17 @@ def run(args) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} is {value}; it must be 1 or more")
     if args.workers < 0:
         raise ConfigError(f"--workers is {args.workers}; it must be 0 or more")
-    from dit_trainer.fs import check_output_path
+    from dit_trainer.fs import check_output_path, refuse_existing, staged_file
 
-    # Before minutes of feature extraction: a path that cannot be written would lose them.
+    # Before minutes of feature extraction: a path that cannot be written would lose them, and a file
+    # already there is the user's until --overwrite says otherwise.
     if args.out:
         check_output_path(args.out, "--out", ConfigError, suffixes=(".npz",))
     if args.json:
         check_output_path(args.json, "--json", ConfigError)
+    for flag, path in (("--out", args.out), ("--json", args.json)):
+        if path and not args.overwrite:
+            refuse_existing(path, flag, ConfigError)
     keep_freed_memory_on(args.device)
     if args.ref_from_images and args.ref_from_latents:
         raise ConfigError("pass one of --ref-from-images and --ref-from-latents")
@@ -112,6 +117,6 @@ def run(args) -> int:
         print(f"Precision: {result['precision']:.4f}")
         print(f"Recall: {result['recall']:.4f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        with staged_file(args.json) as tmp:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from dit_trainer.errors import CheckpointError, DitError
 from dit_trainer.evaluate.inception_weights import (INCEPTION_WEIGHTS_FILE, INCEPTION_WEIGHTS_URL,
-                                                    fetch_inception_weights)
+                                                    fetch_inception_weights, note_other_weights)
 from dit_trainer.evaluate.resize import resize_bilinear_tf1
 
 INPUT_SIZE = 299
@@ -253,6 +253,7 @@ def load_inception(weights=None, device="cpu", progress: bool = True) -> FIDInce
         if not path.is_file():
             raise DitError(f"Inception weights {path} not found; download {INCEPTION_WEIGHTS_FILE} from "
                            f"{INCEPTION_WEIGHTS_URL}, or leave out --weights to fetch it into torch's hub cache")
+        note_other_weights(path)
     model = FIDInceptionV3()
     load_state_dict_checked(model, path, _read_state_dict(path))
     return model.to(device).eval().requires_grad_(False)

@@ -8,7 +8,9 @@ cache. Offline, the first use is a one-line error saying where to put the file o
 `--weights FILE`.
 """
 
+import hashlib
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -55,3 +57,20 @@ def fetch_inception_weights(url=None, sha256=None, progress: bool = True) -> Pat
         raise DitError(f"the Inception network needs its weights and cannot download them ({reason}): download "
                        f"{name} from {url} into {dst.parent}, or pass --weights FILE") from None
     return dst
+
+
+def note_other_weights(path) -> bool:
+    """One warning line when the --weights file is not the published one (its sha256 does not begin with
+    the 8 hex digits the release's name carries): the keys may match while the numbers are another
+    network's. True when it warned."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    got, want = digest.hexdigest(), INCEPTION_WEIGHTS_SHA256[:8]
+    if got.startswith(want):
+        return False
+    print(f"warning: --weights {path} has sha256 {got[:16]}..., not the {want}... of {INCEPTION_WEIGHTS_FILE}: "
+          "its FID and IS compare with published numbers only if it holds the same network; pass that file "
+          "or leave out --weights", file=sys.stderr, flush=True)
+    return True

@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from dit_trainer.errors import DataError, one_line
+from dit_trainer.fs import staged_file
 from dit_trainer.evaluate.npz import IMAGES_KEY, npz_keys
 
 STAT_KEYS = ("mu", "sigma", "mu_s", "sigma_s")
@@ -86,10 +87,8 @@ class ReferenceStats:
             arrays["features"] = self.features
         if self.network is not None:
             arrays["network"] = np.asarray(self.network)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz"
+        with staged_file(path) as tmp, open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz"
             np.savez(f, **arrays)
-        tmp.replace(path)
         return path
 
     @classmethod

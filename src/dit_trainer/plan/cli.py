@@ -29,7 +29,7 @@ def add_commands(sub) -> None:
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="images per optimizer step (train.global_batch_size)")
     p.add_argument("--gpus", type=int, default=1, help="devices (processes) in all")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="devices per node (default: --gpus, at most 8)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="devices per node (default: --gpus, at most 8)")
     p.add_argument("--gpu-memory", default=None, help="memory of one device, e.g. 80GiB (default: the profile's)")
     p.add_argument("--hardware", default="h100",
                    help="profile: h100, h200, a100, cpu, or a YAML written by benchmarks/hardware_profile.py")
@@ -46,16 +46,23 @@ def run(args) -> int:
     from dit_trainer.plan.report import render
     from dit_trainer.plan.search import make_request, plan_layouts
 
+    from dit_trainer.errors import ConfigError
+
+    for flag in ("gpus_per_node", "global_batch_size", "image_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:  # 0 would silently mean "the default"
+            raise ConfigError(f"--{flag.replace('_', '-')} is {value}; it must be 1 or more (leave it out for the "
+                              "default)")
     overrides = list(args.overrides)
     if args.model:
         overrides = ["--model.name", args.model, *overrides]
     if args.image_size:
         overrides = ["--model.input_size", str(args.image_size // 8), *overrides]
-    if args.global_batch_size:
+    if args.global_batch_size is not None:
         overrides = ["--train.global_batch_size", str(args.global_batch_size), *overrides]
     cfg = load_config(args.config, overrides)
     memory = parse_memory(args.gpu_memory) if args.gpu_memory else 0.0
-    request = make_request(cfg, args.gpus, args.gpus_per_node, args.hardware, memory)
+    request = make_request(cfg, args.gpus, args.gpus_per_node or 0, args.hardware, memory)
     plans = plan_layouts(request)
     print(render(request, get_spec(cfg.model.name).costs_fn(cfg), plans, args.top, args.unfit))
     return 0 if any(p.fits for p in plans) else 1

@@ -75,7 +75,7 @@ def load_hardware(name_or_path) -> Hardware:
         if not path.is_file():
             raise ConfigError(f"--hardware {text!r} is neither a built-in profile ({', '.join(builtin_profiles())}) "
                               "nor a YAML file; benchmarks/hardware_profile.py writes one for this machine")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = _read_profile(path)
     known = {f.name for f in fields(Hardware)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -87,6 +87,27 @@ def load_hardware(name_or_path) -> Hardware:
     data.setdefault("name", path.stem)
     data.setdefault("source", str(path))
     return Hardware(**data)
+
+
+def _read_profile(path: Path) -> dict:
+    """A profile file's mapping, or a one-line ConfigError naming the file and what is wrong in it."""
+    from dit_trainer.config.typed import yaml_problem
+    from dit_trainer.fs import check_regular
+
+    check_regular(path, ConfigError, "a hardware profile")
+    redo = "fix it, or write one with benchmarks/hardware_profile.py"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"hardware profile {path} is not text (byte {err.start} is not UTF-8); {redo}") from None
+    except yaml.YAMLError as err:  # a python tag too: safe_load refuses it, nothing runs
+        raise ConfigError(f"hardware profile {path} is not plain YAML: {yaml_problem(err)}; {redo}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("elementwise_gelem_s", {}), dict):
+        raise ConfigError(f"hardware profile {path} holds no mapping of keys to values (with elementwise_gelem_s "
+                          f"a mapping); {redo}")
+    return data
 
 
 def detect_hardware(device_type: str):

@@ -12,11 +12,19 @@ import sys
 import torch
 
 from dit_trainer.config.load import set_key
+from dit_trainer.config.typed import coerce
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.models import get_spec, list_specs
-from dit_trainer.models.spec import SHARED_FIELDS
+from dit_trainer.models.spec import SHARED_FIELDS, family_options
 
 SHAPE_FIELDS = ("input_size", "in_channels", "num_classes", "learn_sigma")
+
+
+def _differs(have, value, key) -> bool:
+    """Whether the user's `have` (a command line's text until the family types it) is not the weights' `value`."""
+    if have is None or value is None or isinstance(have, type(value)):
+        return have != value
+    return coerce(have, type(value), key) != value
 
 
 def _recorded(reader, given_name, user_options: dict, source) -> dict:
@@ -26,7 +34,7 @@ def _recorded(reader, given_name, user_options: dict, source) -> dict:
         raise ConfigError(f"model.name is {given_name} but {source} holds a {model.name}; leave model.name out "
                           "(the weights decide it) or set it to that")
     for key, value in user_options.items():
-        if key in model.options and model.options[key] != value:
+        if key in model.options and _differs(value, model.options[key], f"model.{key}"):
             raise ConfigError(f"model.{key} is {value} but {source} holds {model.options[key]}; leave model.{key} "
                               "out (the weights decide it)")
     return {"name": given_name or model.name, **{k: getattr(model, k) for k in SHAPE_FIELDS}, **model.options}
@@ -55,8 +63,14 @@ def read_weights(path, cfg, given) -> tuple:
         tried.add(fn)
         state_dict = spec.from_released(raw)
         try:
-            return fn(state_dict, name, user_options, path), state_dict
+            # Typed as the family types them: a command line's "2" is the weights' 2.
+            options = family_options(spec.name, user_options)
+            return fn(state_dict, name, options, path), state_dict
         except CheckpointError as err:
+            first = first or err
+        except ConfigError as err:
+            if name is not None:  # the family the user named: its error is theirs to fix
+                raise
             first = first or err
     raise first or CheckpointError(f"model {cfg.model.name} cannot read its shape from weights; set model.name")
 
@@ -81,7 +95,7 @@ class PretrainedShapes:
                 continue
             have = getattr(cfg.model, key) if key in SHARED_FIELDS else cfg.model.options.get(key)
             # A class count of the user's own: the label embedding starts anew (load_pretrained).
-            if key not in ("name", "num_classes") and have != value:
+            if key not in ("name", "num_classes") and _differs(have, value, dotted):
                 raise ConfigError(f"model.{key} is {have} but model.weights_path {path} holds {value}; leave "
                                   f"model.{key} out (the weights decide it)")
         return done
