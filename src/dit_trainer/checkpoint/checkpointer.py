@@ -49,8 +49,9 @@ class Checkpointer:
     def save(self, step: int, trainer_state: dict, config_text: str):
         """Write checkpoint `step` through the one write path; returns its final path (on rank 0 of an
         unsharded run, on every rank of a sharded one; all ranks call it)."""
+        main = self.dims.is_main
         if not self.sharded:
-            if not self.dims.is_main:
+            if not main:
                 return None
             files = {
                 "model.safetensors": self._model().state_dict(),
@@ -59,13 +60,13 @@ class Checkpointer:
                 "trainer_state.pt": trainer_state,
                 "config.yaml": config_text,
             }
-            self.last_good = ckpt.save_checkpoint(self.output_dir, step, files, self.keep, self.whole, self._needed())
-            return self.last_good
-        writers = ckpt.Writers(self.dims.is_main, functools.partial(any_rank, device=self.device), barrier)
-        needed = self._needed() if self.dims.is_main else None
-        self.last_good = ckpt.save_checkpoint(self.output_dir, step, {"config.yaml": config_text}, self.keep,
-                                              self.whole, needed, functools.partial(self._write_shards, trainer_state),
-                                              writers)
+            shards = writers = None  # rank 0 writes alone
+        else:
+            files = {"config.yaml": config_text}
+            shards = functools.partial(self._write_shards, trainer_state)
+            writers = ckpt.Writers(main, functools.partial(any_rank, device=self.device), barrier)
+        self.last_good = ckpt.save_checkpoint(self.output_dir, step, files, self.keep, self.whole,
+                                              self._needed() if main else None, shards=shards, writers=writers)
         return self.last_good
 
     def _write_shards(self, trainer_state: dict, folder) -> None:
