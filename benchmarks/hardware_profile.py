@@ -168,6 +168,7 @@ def step_overhead():
     import torch
 
     from dit_trainer.config import config_from_dict
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
     def seconds(accum):
@@ -176,6 +177,7 @@ def step_overhead():
                                 "train": {"global_batch_size": 4, "device": "cpu", "compile": "false",
                                           "grad_accum_steps": accum},
                                 "logging": {"tensorboard": False, "progress": False}})
+        keep_freed_memory_on("cpu")  # as `dit train` on a CPU (the trainer leaves it to its caller)
         trainer = DiTTrainer(cfg, dataset=[(torch.randn(4, 4, 4), torch.tensor(1))] * 4)
         batch = (torch.randn(4, 4, 4, 4), torch.tensor([1, 2, 3, 4]))
         return typical(lambda: trainer.train_step(batch), 7)
@@ -217,6 +219,7 @@ def tiny_step(parallel: dict, per_rank: int = 4) -> float:
     import torch
 
     from dit_trainer.config import config_from_dict
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -225,6 +228,7 @@ def tiny_step(parallel: dict, per_rank: int = 4) -> float:
                             "train": {"global_batch_size": per_rank * dp, "device": "cpu", "compile": "false"},
                             "logging": {"tensorboard": False, "progress": False},
                             "parallel": {"dp_shard": -1, **parallel}})
+    keep_freed_memory_on("cpu")  # as `dit train` on a CPU (the trainer leaves it to its caller)
     trainer = DiTTrainer(cfg, dataset=[(torch.randn(4, 4, 4), torch.tensor(1))] * 8)
     batch = (torch.randn(per_rank, 4, 4, 4), torch.randint(0, 10, (per_rank,)))
     return typical(lambda: trainer.train_step(batch), 7)

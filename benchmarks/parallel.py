@@ -95,6 +95,7 @@ def worker(args):
     import torch.distributed as dist
     from _common import peak_mib
 
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -105,6 +106,7 @@ def worker(args):
     for name, parallel in LAYOUTS.get(world, {"fsdp": {"dp_shard": world}}).items():
         if args.layouts and name not in args.layouts.split(","):
             continue
+        keep_freed_memory_on(args.device)  # as `dit train` (the trainer leaves it to its caller)
         trainer = DiTTrainer(_config(args, parallel), dataset=_Latents(args.batch * 4, 4, args.input))
         loader = trainer.build_loader()
         for _ in range(args.warmup):

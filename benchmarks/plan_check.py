@@ -75,6 +75,7 @@ def worker(args):
     from run_queue import Waited
     from step_memory import step_peak
 
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -82,6 +83,7 @@ def worker(args):
         dist.init_process_group("gloo")
     out = tempfile.mkdtemp(prefix="plan-check-")
     for name in args.cases.split(","):
+        keep_freed_memory_on("cpu")  # as `dit train` on a CPU (the trainer leaves it to its caller)
         trainer = DiTTrainer(case_config(name, out), dataset=_Latents(4 * CASES[name][2], 4, 32))
         loader = trainer.build_loader()
         for _ in range(args.warmup):

@@ -157,8 +157,10 @@ def build_trainer(args, variant):
     """The baseline loop or a `DiTTrainer` for the variant."""
     if variant.get("original"):
         return OriginalLoop(args, variant, torch.device(args.device))
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
+    keep_freed_memory_on(args.device)  # as `dit train` does on a CPU (process-wide: after the baselines)
     return DiTTrainer(make_config(args, variant))
 
 
@@ -175,8 +177,7 @@ def run_steps(trainer, batch, n: int) -> None:
         return
     for _ in range(n):
         trainer.queue_step(batch)
-    trainer.update.read_pending()
-    trainer.update.window.read(trainer.dims)
+    trainer.update.read_losses()
     sync(batch[0].device)
 
 
@@ -347,8 +348,8 @@ def main(argv=None):
              for d in dtypes}
     flop_batch = min(args.batch_size, 2)
     flops_img = flops_per_image(args, device, flop_batch)
-    # The baselines first: a DiTTrainer on CPU changes glibc's malloc settings for the whole process
-    # (host_memory.py), which a user's own loop would not have.
+    # The baselines first: our variants, as `dit train` on a CPU, change glibc's malloc settings for
+    # the whole process (host_memory.py), which a user's own loop would not have.
     order = sorted(range(len(variants)), key=lambda i: not variants[i].get("original"))
     timed = {i: time_variant(args, variants[i], device) for i in order}
     rows = [timed[i] for i in range(len(variants))]

@@ -1,7 +1,7 @@
 """host_memory.keep_freed_memory: large blocks freed and allocated again stop page-faulting; the
-trainer applies it on CPU by itself, and so do the commands that
-compute on a CPU. Each case runs in a fresh
-process, since the setting is process-wide and cannot be undone."""
+commands that compute on a CPU (`dit train` among them) apply it, the `DiTTrainer` they build does
+not (a process-wide setting is the caller's). Each case runs in a fresh process, since the setting
+is process-wide and cannot be undone."""
 
 import subprocess
 import sys
@@ -48,23 +48,31 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert _faults("keep") < 0.25 * PAGES  # seen: 0, or one block of the twelve
 
 
+# A DiTTrainer built by library code, or `dit train` run to its end, on a tiny model of the digits.
 TRAINER = r"""
 import sys
 from dit_trainer.host_memory import freed_memory_kept
-from dit_trainer.train import DiTTrainer
-DiTTrainer({"model": {"name": "DiT-S/8", "input_size": 8, "depth": 1, "hidden_size": 32, "num_heads": 2,
-                      "num_classes": 4},
-            "train": {"device": "cpu", "global_batch_size": 2},
-            "logging": {"progress": False, "tensorboard": False}, "output_dir": sys.argv[1]})
+tiny = {"output_dir": sys.argv[2], "model.name": "DiT-S/8", "model.depth": "1", "model.hidden_size": "32",
+        "model.num_heads": "2", "data.path": "digits", "data.digits_size": "8", "data.num_workers": "0",
+        "train.device": "cpu", "train.global_batch_size": "2", "train.max_steps": "1",
+        "logging.progress": "false", "logging.tensorboard": "false"}
+if sys.argv[1] == "library":
+    from dit_trainer.train import DiTTrainer
+    DiTTrainer(tiny).train()
+else:
+    from dit_trainer.cli import main
+    assert main(["train", *[item for key, value in tiny.items() for item in (f"--{key}", value)]]) == 0
 print(freed_memory_kept())
 """
 
 
 @glibc_only
-def test_trainer_applies_it_on_cpu(tmp_path):
-    out = subprocess.run([sys.executable, "-c", TRAINER, str(tmp_path)], capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("caller", ["library", "command"])
+def test_dit_train_applies_it_on_cpu_and_the_trainer_leaves_it_to_the_caller(tmp_path, caller):
+    out = subprocess.run([sys.executable, "-c", TRAINER, caller, str(tmp_path / "run")], capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "True"
+    assert out.stdout.split()[-1] == str(caller == "command")
 
 
 RULES = r"""

@@ -68,6 +68,7 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     import torch
 
     from dit_trainer.config import config_from_dict
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.sample import sample_latents, save_grid
     from dit_trainer.train import DiTTrainer
 
@@ -75,9 +76,9 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     cfg = config_from_dict(demo_config(out, steps, seed, objective, fid_samples))
     cfg.logging.progress = progress
     trainer = DiTTrainer(cfg)
-    trainer.max_steps_flag = "--steps"
+    keep_freed_memory_on(trainer.device)  # the demo is a whole command's run: the process-wide setting is its own
     t0 = time.perf_counter()
-    metrics = trainer.train()
+    metrics = trainer.train(max_steps_name="--steps")
     train_s = time.perf_counter() - t0
     if trainer.stop_requested:
         # SIGTERM/Ctrl-C: the checkpoint is saved; sampling a half-trained model is not what was asked.

@@ -8,11 +8,12 @@ mmap off and the heap never trimmed, freed blocks stay in the heap and the next 
 (the step's allocations repeat, so the heap stops growing after the first steps). The setting is
 process-wide and glibc has no way back to its dynamic threshold, so it is applied once and left on.
 
-The trainer and the commands that compute on a CPU (`dit sample`, `sample-ddp`, `eval`, `extract`)
-apply it by themselves: inference frees each activation as the forward goes and faulted as much.
-Where layer sizes vary (Inception, a VAE) blocks that do not fit the next request stay in the heap,
-so the process keeps a larger heap than its peak of live tensors. Library functions
-(`sample_latents`, `run_extract`, ...) do not apply it: a process-wide setting is the caller's.
+The commands that compute on a CPU (`dit train`, `dit demo`, `dit sample`, `sample-ddp`, `eval`,
+`extract`) apply it by themselves: inference frees each activation as the forward goes and faulted
+as much. Where layer sizes vary (Inception, a VAE) blocks that do not fit the next request stay in
+the heap, so the process keeps a larger heap than its peak of live tensors. Library code
+(`DiTTrainer`, `sample_latents`, `run_extract`, ...) does not apply it: a process-wide setting is
+the caller's.
 """
 
 import ctypes
@@ -60,7 +61,7 @@ def freed_memory_kept() -> bool:
 
 def keep_freed_memory_on(device) -> bool:
     """Apply keep_freed_memory if `device` (a name, a torch.device, or None for CUDA when available,
-    else CPU) is a CPU: the trainer's and the commands' one rule; True once in effect."""
+    else CPU) is a CPU: the commands' one rule; True once in effect."""
     import torch
 
     try:

@@ -5,7 +5,7 @@ Unsharded runs (one process, DDP) write full files from rank 0; sharded ones (FS
 under any layout: shards reshard N -> M, full files are scattered into shards.
 """
 
-import shutil
+import functools
 
 import torch
 
@@ -47,11 +47,12 @@ class Checkpointer:
         return getattr(model, "module", model)  # DDP's wrapper holds the model under .module
 
     def save(self, step: int, trainer_state: dict, config_text: str):
-        """Write checkpoint `step`; returns its final path (on rank 0; all ranks call it)."""
+        """Write checkpoint `step` through the one write path; returns its final path (on rank 0 of an
+        unsharded run, on every rank of a sharded one; all ranks call it)."""
+        main = self.dims.is_main
         if not self.sharded:
-            if not self.dims.is_main:
+            if not main:
                 return None
-            needed = self._needed()
             files = {
                 "model.safetensors": self._model().state_dict(),
                 "ema.safetensors": self.ema.state_dict(),
@@ -59,49 +60,29 @@ class Checkpointer:
                 "trainer_state.pt": trainer_state,
                 "config.yaml": config_text,
             }
-            self.last_good = ckpt.save_checkpoint(self.output_dir, step, files, self.keep, self.whole, needed)
-            return self.last_good
-        return self._save_sharded(step, trainer_state, config_text)
+            shards = writers = None  # rank 0 writes alone
+        else:
+            files = {"config.yaml": config_text}
+            shards = functools.partial(self._write_shards, trainer_state)
+            writers = ckpt.Writers(main, functools.partial(any_rank, device=self.device), barrier)
+        self.last_good = ckpt.save_checkpoint(self.output_dir, step, files, self.keep, self.whole,
+                                              self._needed() if main else None, shards=shards, writers=writers)
+        return self.last_good
 
-    def _save_sharded(self, step: int, trainer_state: dict, config_text: str):
+    def _write_shards(self, trainer_state: dict, folder) -> None:
+        """Every rank's DCP shards, then the full EMA that sampling and the converters read (one
+        all-gather per tensor)."""
         from torch.distributed.checkpoint.api import CheckpointException
 
         from dit_trainer.checkpoint import sharded
 
-        main = self.dims.is_main
-        root = ckpt.checkpoint_root(self.output_dir)
-        tmp = root / f"step-{step:08d}.tmp"
-        error, needed = None, self._needed() if main else None
         try:
-            if main:
-                ckpt.begin_checkpoint(self.output_dir, step)
-        except OSError as err:
-            error = ckpt.write_failed(tmp, err, needed)
-        # Every rank learns whether the folder exists before writing into it (no rank may hang).
-        if any_rank(error is not None, self.device):
-            raise error or CheckpointError(f"cannot write checkpoint {tmp}: rank 0 could not create it")
-        try:
-            sharded.save_sharded(tmp / "dcp", self.model_parts, self.optimizer, self.ema, trainer_state)
-            # Sampling and the converters read full weights; gathering them costs one all-gather per tensor.
-            sharded.export_safetensors(tmp / "ema.safetensors", self.ema.state_dict(), self.model_parts, self.dims)
-            if main:
-                (tmp / "config.yaml").write_text(config_text)
-                ckpt.write_manifest(tmp)
-        except (*ckpt.WRITE_ERRORS, CheckpointException) as err:
-            cause = err
-            if isinstance(err, CheckpointException):
-                failures = list(getattr(err, "failures", {}).values())
-                cause = failures[0][0] if failures and isinstance(failures[0], tuple) else RuntimeError(str(err))
-            error = ckpt.write_failed(tmp, cause, needed) if main else CheckpointError(f"cannot write checkpoint {tmp}: {cause}")
-        if any_rank(error is not None, self.device):
-            if main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise error or CheckpointError(f"cannot write checkpoint {tmp}: another rank failed to write its shards")
-        if main:
-            ckpt.commit_checkpoint(tmp, self.keep, self.whole)
-        barrier()
-        self.last_good = root / f"step-{step:08d}"
-        return self.last_good
+            sharded.save_sharded(folder / "dcp", self.model_parts, self.optimizer, self.ema, trainer_state)
+        except CheckpointException as err:  # a BaseException: reported as the write error it wraps
+            failures = list(getattr(err, "failures", {}).values())
+            cause = failures[0][0] if failures and isinstance(failures[0], tuple) else None
+            raise cause if isinstance(cause, ckpt.WRITE_ERRORS) else RuntimeError(str(cause or err)) from None
+        sharded.export_safetensors(folder / "ema.safetensors", self.ema.state_dict(), self.model_parts, self.dims)
 
     def load(self, path) -> dict:
         """Load weights, EMA and optimizer from checkpoint folder `path` (DCP shards under any layout,

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -217,58 +216,65 @@ def _verifies(path) -> bool:
         return False
 
 
-def move_aside_newer(output_dir, step: int):
-    """Move the checkpoints of `output_dir` newer than `step` into `checkpoints/abandoned-TIME/`
-    (with the run's metrics.jsonl as it was), so a run that resumed from `step` continues its own
-    branch on the next rerun instead of the abandoned one; returns that folder, or None."""
-    newer = [p for p in list_checkpoints(output_dir) if step_of(p) > step]
-    if not newer:
-        return None
-    root = checkpoint_root(output_dir)
-    dest, n = root / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}", 1
-    while dest.exists():
-        dest, n = dest.with_name(f"{dest.name.split('~')[0]}~{n}"), n + 1
-    dest.mkdir()
-    metrics = Path(output_dir) / "metrics.jsonl"
-    if metrics.is_file():
-        shutil.copy2(metrics, dest / "metrics.jsonl")  # resuming drops the steps past `step` from it
-    for path in newer:
-        path.rename(dest / path.name)
-    return dest
+class Writers:
+    """The processes that write one checkpoint: rank 0 (`is_main`) creates, signs and commits its
+    folder; `any_failed(flag)` tells every rank whether any rank's flag is set (a collective);
+    `barrier()` waits for all. The default is one process writing alone."""
+
+    def __init__(self, is_main: bool = True, any_failed=bool, barrier=lambda: None):
+        self.is_main, self.any_failed, self.barrier = is_main, any_failed, barrier
 
 
-def remove_stale_tmp(output_dir) -> None:
-    """Remove `step-*.tmp` folders a killed save left behind (only while this run holds the folder's lock)."""
-    root = checkpoint_root(output_dir)
-    if root.is_dir():
-        for path in root.glob("step-*.tmp"):
-            shutil.rmtree(path, ignore_errors=True)
+def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0, whole=None, needed=None, shards=None,
+                    writers=None) -> Path:
+    """Write checkpoint `step` atomically, the one way every checkpoint is written: begin (a fresh
+    `step-XXXXXXXX.tmp`), write, manifest, commit (rename, then rotate as `commit_checkpoint` does;
+    `keep` 0 keeps all).
 
-
-def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0, whole=None, needed=None) -> Path:
-    """Write one checkpoint atomically and rotate as `commit_checkpoint` does (`keep` 0 keeps all).
-
-    `files` maps file names to content: `*.safetensors` take a state dict of tensors,
-    `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string. `needed`: the bytes the
-    checkpoint will take (about the previous one's size), named when the disk is full.
+    `files` maps file names to content, written by rank 0: `*.safetensors` take a state dict of
+    tensors, `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string. `shards(tmp)`, when
+    given, writes every rank's share first (DCP shards); then all ranks of `writers` call this, and
+    they agree after each stage, so a failure on one rank is an error on all, never a hang. `needed`:
+    the bytes the checkpoint will take (about the previous one's size), named when the disk is full.
     """
+    writers = writers or Writers()
+    main = writers.is_main
+    tmp = checkpoint_root(output_dir) / f"step-{step:08d}.tmp"
+    error = None
+    if main:
+        try:
+            begin_checkpoint(output_dir, step)
+        except OSError as err:
+            error = write_failed(tmp, err, needed)
+    # Every rank learns whether the folder exists before writing into it.
+    if writers.any_failed(error is not None):
+        raise error or CheckpointError(f"cannot write checkpoint {tmp}: rank 0 could not create it")
     try:
-        tmp = begin_checkpoint(output_dir, step)
-    except OSError as err:
-        raise write_failed(checkpoint_root(output_dir) / f"step-{step:08d}.tmp", err, needed) from None
-    try:
-        for name, content in files.items():
-            path = tmp / name
-            if name.endswith(".safetensors"):
-                save_file(_contiguous(content), str(path))
-            elif name.endswith(".pt"):
-                torch.save(content, path)
-            else:
-                path.write_text(content)
-        write_manifest(tmp)
+        if shards is not None:
+            shards(tmp)
+        if main:
+            _write_files(tmp, files)
+            write_manifest(tmp)
     except WRITE_ERRORS as err:
-        raise write_failed(tmp, err, needed) from None
-    return commit_checkpoint(tmp, keep, whole)
+        error = write_failed(tmp, err, needed) if main else CheckpointError(f"cannot write checkpoint {tmp}: {err}")
+    if writers.any_failed(error is not None):
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise error or CheckpointError(f"cannot write checkpoint {tmp}: another rank failed to write its shards")
+    final = commit_checkpoint(tmp, keep, whole) if main else tmp.with_name(tmp.name.removesuffix(".tmp"))
+    writers.barrier()
+    return final
+
+
+def _write_files(folder: Path, files: dict) -> None:
+    for name, content in files.items():
+        path = folder / name
+        if name.endswith(".safetensors"):
+            save_file(_contiguous(content), str(path))
+        elif name.endswith(".pt"):
+            torch.save(content, path)
+        else:
+            path.write_text(content)
 
 
 def load_safetensors(path) -> dict:

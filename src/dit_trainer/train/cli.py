@@ -95,9 +95,14 @@ def run(args) -> int:
         cfg, _ = config_with_data(settings, first=PretrainedShapes())
         print(config_yaml(cfg), end="")
         return 0
+    from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import build_trainer
 
     trainer = build_trainer(settings)
+    if getattr(trainer, "device", None) is not None:  # the torch engine's; MindSpore's allocator is its own
+        # A CPU step frees and allocates the same activations every step; the process-wide malloc
+        # setting that keeps them for reuse is the command's to make (host_memory.py).
+        keep_freed_memory_on(trainer.device)
     last = trainer.train()
     if trainer.is_main and last:
         print(f"step {trainer.step}: loss {last['loss']:.4f}; metrics in {trainer.cfg.output_dir}/metrics.jsonl")

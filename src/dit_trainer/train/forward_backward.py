@@ -41,7 +41,7 @@ class ForwardBackward:
             stack.enter_context(functorch_config.patch(activation_memory_budget=self.memory_budget))
         return stack
 
-    def __call__(self, x, y, draws, drop) -> torch.Tensor:
+    def loss_and_grads(self, x, y, draws, drop) -> torch.Tensor:
         """The step's mean loss (on the device), gradients accumulated into the parameters."""
         for part in self.model_parts:
             part.train()

@@ -5,10 +5,14 @@ loads, holds only finite weights and a sane trainer state; each one skipped is n
 together with the one used instead. `checkpoint.resume_from` is checked alike (a failure is an
 error: it was asked for by name). The checkpoints newer than the one resumed from move aside into
 `checkpoints/abandoned-TIME/`, so the next rerun continues this branch and nothing is deleted.
+A checkpoint of another model, objective or seed is refused with a one-line error.
 Starting fresh (`checkpoint.resume false`) over an old run is refused unless
 `checkpoint.on_existing` says to archive the old run or overwrite it, so two runs never share
 checkpoint rotation or `metrics.jsonl`. Optimizer values the user changed in the config since the
 checkpoint (lr, betas, weight decay, eps, warmup) replace the restored ones, with a line saying so.
+
+Everything resuming decides lives here; `checkpoint.Checkpointer.load` loads a chosen folder under
+any layout, and `checkpoint.files` verifies one against its manifest.
 """
 
 import shutil
@@ -17,13 +21,35 @@ import time
 import warnings
 from pathlib import Path
 
+import yaml
+
 from dit_trainer.checkpoint import files as ckpt
-from dit_trainer.errors import CheckpointError
+from dit_trainer.errors import CheckpointError, ConfigError
+from dit_trainer.fs import check_regular
 from dit_trainer.parallel.utils import any_rank, barrier, from_main
 from dit_trainer.train.run_lock import LOCK_NAME
 
 # What a run writes into output_dir; `overwrite` removes exactly these.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "samples", "config.yaml")
+
+
+def resume_or_start(checkpointer, cfg, is_main: bool, device, apply, optimizer, lr_scheduler):
+    """Load `checkpoint.resume_from`, else the newest usable checkpoint of `output_dir` when resuming
+    is on (both verified alike; newer checkpoints move aside) and `apply` its trainer state; returns
+    its path, or None. With resuming off, an earlier run in `output_dir` is refused, archived or
+    overwritten (`checkpoint.on_existing`)."""
+    if cfg.checkpoint.resume_from:
+        path = resolve_resume_from(cfg)
+        resume_from(checkpointer, cfg, path, is_main, device, apply)
+    elif not cfg.checkpoint.resume:
+        prepare_fresh_start(cfg, is_main)
+        return None
+    else:
+        path = resume_latest(checkpointer, cfg, is_main, device, apply)
+        if path is None:
+            return None
+    apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main)
+    return path
 
 
 def warn(message: str) -> None:
@@ -100,8 +126,6 @@ def try_checkpoint(checkpointer, path, cfg, is_main: bool, device, apply):
     """Verify and load checkpoint `path` as every resume does: the manifest's checksums (rank 0), the same
     model and objective (a ConfigError: another model is no fallback), a load, finite weights and a sane
     trainer state, which `apply(state)` restores. Returns (trainer state, None), or (None, why it cannot be used)."""
-    from dit_trainer.train.resume_checks import check_same_model
-
     problem = state = None
     if is_main:
         try:
@@ -134,7 +158,7 @@ def _resumed(checkpointer, output_dir, path, state, is_main: bool) -> None:
     """After a load: rotation keeps `path`, and the checkpoints newer than it move aside (a branch)."""
     checkpointer.mark_good(path)
     if is_main:
-        moved = ckpt.move_aside_newer(output_dir, int(state["step"]))
+        moved = move_aside_newer(output_dir, int(state["step"]))
         if moved is not None:
             names = ", ".join(sorted(p.name for p in moved.iterdir() if ckpt.CKPT_RE.match(p.name)))
             warn(f"moved the checkpoints newer than step {state['step']} ({names}) to {moved}: this run continues "
@@ -210,3 +234,117 @@ def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> N
     sched._last_lr = [g["lr"] for g in optimizer.param_groups]
     if is_main:
         print(f"resuming {path.name} with the config's {', '.join(changed)} (they replace the checkpoint's)", file=sys.stderr)
+
+
+# What decides the weights' shapes: a checkpoint of another model cannot be resumed into this one.
+_MODEL_KEYS = ("name", "input_size", "in_channels", "num_classes", "learn_sigma")
+# What decides the target the model learns, per objective (learn_sigma is one of the model keys).
+_OBJECTIVE_KEYS = {
+    "diffusion": ("diffusion.noise_schedule", "diffusion.num_timesteps", "diffusion.predict_xstart"),
+    "transport": ("transport.path_type", "transport.prediction"),
+}
+
+
+def resolve_resume_from(cfg) -> Path:
+    """The checkpoint folder `checkpoint.resume_from` names: a path, or a step number or a bare
+    `step-XXXXXXXX` name of `output_dir`'s checkpoints."""
+    value = str(cfg.checkpoint.resume_from).strip()
+    root = ckpt.checkpoint_root(cfg.output_dir)
+    path = root / f"step-{int(value):08d}" if value.isdigit() else Path(value).expanduser()
+    if not path.is_dir() and ckpt.CKPT_RE.match(value):
+        path = root / value  # the name `dit train` prints, without its folder
+    if not path.is_dir():
+        steps = [str(int(ckpt.CKPT_RE.match(p.name).group(1))) for p in ckpt.list_checkpoints(cfg.output_dir)]
+        held = f"it holds steps {', '.join(steps)}" if steps else "it holds no checkpoint"
+        raise ConfigError(
+            f"checkpoint.resume_from {value!r}: {path} is not a checkpoint folder ({root}: {held}); pass one "
+            f"of those step numbers or a step-XXXXXXXX folder"
+        )
+    return path
+
+
+def check_same_model(cfg, path):
+    """A one-line error when checkpoint `path` holds another model than `cfg` builds, one trained with
+    another objective (what its output means), or with another seed (its data order); returns the
+    checkpoint's config as a dict (None when it has none to read)."""
+    saved = Path(path) / "config.yaml"
+    try:
+        check_regular(saved, ConfigError)
+        config = yaml.safe_load(saved.read_text()) or {}
+        old = config.get("model") or {}
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return None  # an incomplete checkpoint is the loader's to judge; this check needs the config
+    new = cfg.to_dict()["model"]
+    _check_same_objective(cfg, path, config)
+    _check_same_seed(cfg, path, config)
+    keys = [*_MODEL_KEYS, *sorted(set(old) & set(new) - set(_MODEL_KEYS) - {"class_dropout_prob", "weights_path"})]
+    norm = lambda k, v: str(v).lower() if k == "name" else v  # noqa: E731 (model names are case-insensitive)
+    differ = [k for k in keys if k in old and norm(k, old.get(k)) != norm(k, new.get(k))]
+    if differ:
+        was = ", ".join(f"{k} {old.get(k)}" for k in differ)
+        now = ", ".join(f"{k} {new.get(k)}" for k in differ)
+        raise ConfigError(
+            f"{path} holds another model ({was}) than this run builds ({now}); pass another output_dir, or "
+            f"--checkpoint.resume false --checkpoint.on_existing archive to start over"
+        )
+    return config
+
+
+def _check_same_seed(cfg, path, saved: dict) -> None:
+    """A one-line error when `train.seed` changed since `path`: the seed orders the data, so the rest of
+    the epoch would repeat some samples and skip others, unless `checkpoint.allow_new_seed` says so."""
+    old = (saved.get("train") or {}).get("seed", 0)
+    if old == cfg.train.seed or cfg.checkpoint.allow_new_seed:
+        return
+    raise ConfigError(
+        f"{path} was trained with train.seed {old} but this run sets {cfg.train.seed}; the seed orders the data, so "
+        f"set train.seed {old} to continue it, or pass --checkpoint.allow_new_seed true to continue with the new "
+        "order from the saved sample on (the rest of this epoch then repeats some samples and skips others)")
+
+
+def _check_same_objective(cfg, path, saved: dict) -> None:
+    """A one-line error when the checkpoint's model learnt another target than `cfg` trains
+    (resuming would silently retrain it: the loss jumps); optimizer-like keys may change."""
+    new = cfg.to_dict()
+    keys = ["objective", *_OBJECTIVE_KEYS.get(cfg.objective, ())]
+    for key in keys:
+        section, _, name = key.rpartition(".")
+        old_value = (saved.get(section) or {}).get(name) if section else saved.get(name, "diffusion")
+        new_value = new[section][name] if section else new[name]
+        if old_value is None and section:
+            continue  # a config written before the key existed
+        same = str(old_value).lower() == str(new_value).lower() if isinstance(new_value, str) else old_value == new_value
+        if not same:
+            raise ConfigError(
+                f"{path} was trained with {key} {old_value} but this run sets {new_value}; set {key} {old_value} "
+                f"to continue it, or train the new objective in another output_dir (or --checkpoint.resume false "
+                f"--checkpoint.on_existing archive)"
+            )
+
+
+def move_aside_newer(output_dir, step: int):
+    """Move the checkpoints of `output_dir` newer than `step` into `checkpoints/abandoned-TIME/`
+    (with the run's metrics.jsonl as it was), so a run that resumed from `step` continues its own
+    branch on the next rerun instead of the abandoned one; returns that folder, or None."""
+    newer = [p for p in ckpt.list_checkpoints(output_dir) if ckpt.step_of(p) > step]
+    if not newer:
+        return None
+    root = ckpt.checkpoint_root(output_dir)
+    dest, n = root / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}", 1
+    while dest.exists():
+        dest, n = dest.with_name(f"{dest.name.split('~')[0]}~{n}"), n + 1
+    dest.mkdir()
+    metrics = Path(output_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        shutil.copy2(metrics, dest / "metrics.jsonl")  # resuming drops the steps past `step` from it
+    for path in newer:
+        path.rename(dest / path.name)
+    return dest
+
+
+def remove_stale_tmp(output_dir) -> None:
+    """Remove `step-*.tmp` folders a killed save left behind (only while this run holds the folder's lock)."""
+    root = ckpt.checkpoint_root(output_dir)
+    if root.is_dir():
+        for path in root.glob("step-*.tmp"):
+            shutil.rmtree(path, ignore_errors=True)

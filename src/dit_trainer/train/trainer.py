@@ -17,19 +17,17 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.checkpoint.checkpointer import Checkpointer
-from dit_trainer.checkpoint.files import remove_stale_tmp
 from dit_trainer.config import backend_of, config_yaml, save_config
 from dit_trainer.data.loader import config_with_data
 from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import CheckpointError, ConfigError, DataError
 from dit_trainer.fs import write_error_text
-from dit_trainer.host_memory import keep_freed_memory_on
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
-from dit_trainer.train import preflight, resume, resume_checks
+from dit_trainer.train import preflight, resume
 from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
@@ -62,8 +60,6 @@ class DiTTrainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type == "cuda":
             enable_tf32()
-        # Before the model: its first steps then settle into a heap they reuse.
-        keep_freed_memory_on(self.device)
         preflight.check_layout(cfg, self.dims)
         self.amp_dtype = resolve_amp_dtype(cfg.train.mixed_precision, self.device)
         torch.manual_seed(cfg.train.seed)
@@ -111,7 +107,6 @@ class DiTTrainer:
         self.generator = torch.Generator().manual_seed(cfg.train.seed)
         self.step = 0
         self.loader = None  # the step loader train() draws from; built by train() unless set
-        self.max_steps_flag = "train.max_steps"  # how messages name it; `dit demo` says --steps
         self._stop = None  # why this rank was asked to stop (a signal's name), or None
 
     # -- layout ----------------------------------------------------------------------------
@@ -190,8 +185,8 @@ class DiTTrainer:
         where the device can check them itself; returns the rank's loss (a device tensor)."""
         x, y, draws, drop = self._prepare(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward(x, y, draws, drop)
-        self.update(loss, self._stop is not None, self.step)
+        loss = self.forward_backward.loss_and_grads(x, y, draws, drop)
+        self.update.apply_or_skip(loss, stop=self._stop is not None, done=self.step)
         self.step += 1
         return loss
 
@@ -204,8 +199,8 @@ class DiTTrainer:
         out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
         if self.skipped_steps > skipped:
             out.update(loss=float("nan"), skipped=True)
-        elif self.update.window.grad_norm is not None:
-            out["grad_norm"] = float(self.update.window.grad_norm)
+        elif self.update.last_grad_norm() is not None:
+            out["grad_norm"] = float(self.update.last_grad_norm())
         return out
 
     def request_stop(self, reason: str = "request") -> None:
@@ -222,9 +217,7 @@ class DiTTrainer:
             "torch_rng": torch.get_rng_state(),
             "lr_scheduler": self.lr_scheduler.state_dict(),
             "data": self.loader.state_dict() if self.loader is not None else None,
-            "skipped_steps": self.skipped_steps,
-            # A resume then logs the next line over the same steps as an uninterrupted run.
-            "log_window": self.update.window.state(self.dims),
+            **self.update.state_dict(),
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -236,9 +229,7 @@ class DiTTrainer:
     def load_trainer_state(self, state: dict) -> None:
         """Restore what `trainer_state` saved."""
         self.step = int(state["step"])
-        self.update.skipped_steps = int(state.get("skipped_steps", 0))
-        if state.get("log_window"):  # absent in older checkpoints: the window restarts empty
-            self.update.window.restore(state["log_window"], self.dims)
+        self.update.load_state_dict(state)
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.lr_scheduler.load_state_dict(state["lr_scheduler"])
@@ -274,25 +265,10 @@ class DiTTrainer:
         return self.checkpointer.ema_model(functools.partial(self.spec.build_model_fn, self.cfg), everywhere)
 
     def maybe_resume(self):
-        """Load `checkpoint.resume_from`, else the newest usable checkpoint of `output_dir` when
-        resuming is on (both verified alike; newer checkpoints move aside); returns its path or None.
-
-        With resuming off, an earlier run in `output_dir` is refused, archived or overwritten
-        (`checkpoint.on_existing`). A checkpoint of another model is refused with a one-line error.
-        """
-        cfg, main = self.cfg, self.dims.is_main
-        if cfg.checkpoint.resume_from:
-            path = resume_checks.resolve_resume_from(cfg)
-            resume.resume_from(self.checkpointer, cfg, path, main, self.device, self.load_trainer_state)
-        elif not cfg.checkpoint.resume:
-            resume.prepare_fresh_start(cfg, main)
-            return None
-        else:
-            path = resume.resume_latest(self.checkpointer, cfg, main, self.device, self.load_trainer_state)
-            if path is None:
-                return None
-        resume.apply_config_changes(cfg, self.optimizer, self.lr_scheduler, path, main)
-        return path
+        """Resume as `train()` does (`train.resume.resume_or_start`: `checkpoint.resume_from`, the newest
+        usable checkpoint, or a fresh start by `checkpoint.on_existing`); returns its path or None."""
+        return resume.resume_or_start(self.checkpointer, self.cfg, self.dims.is_main, self.device,
+                                      self.load_trainer_state, self.optimizer, self.lr_scheduler)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -316,18 +292,20 @@ class DiTTrainer:
         return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda",
                           stage=stage)
 
-    def train(self) -> dict:
-        """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged metrics."""
-        self._stop, self.update.stop_requested = None, False
+    def train(self, max_steps_name: str = "train.max_steps") -> dict:
+        """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged
+        metrics. `max_steps_name`: how messages name that limit (a command passes its own flag)."""
+        self._stop = None
+        self.update.clear_stop()
         with StopSignals(self.request_stop), RunLock(self.cfg.output_dir, self.dims.is_main):
             try:
-                return self._train()
+                return self._train(max_steps_name)
             except OSError as err:
                 # A full disk or failing mount under metrics, TensorBoard, grids or config.yaml: one line.
                 raise CheckpointError(f"{write_error_text(self.cfg.output_dir, err)}; free space or fix the "
                                       f"mount ({self._kept_checkpoint()})") from None
 
-    def _train(self) -> dict:
+    def _train(self, max_steps_name: str) -> dict:
         from tqdm.auto import tqdm
 
         from dit_trainer.train.metrics import MetricsLogger, console_line, metrics_line
@@ -340,11 +318,11 @@ class DiTTrainer:
         resumed = self.maybe_resume()
         if resumed is not None and self.step >= cfg.train.max_steps:
             if main:
-                print(f"the run in {cfg.output_dir} is finished: {resumed.name} reached {self.max_steps_flag} "
-                      f"{cfg.train.max_steps}; raise {self.max_steps_flag} to train further")
+                print(f"the run in {cfg.output_dir} is finished: {resumed.name} reached {max_steps_name} "
+                      f"{cfg.train.max_steps}; raise {max_steps_name} to train further")
             return {}
         if main:
-            remove_stale_tmp(cfg.output_dir)  # a killed save's; no other writer can hold one (the lock)
+            resume.remove_stale_tmp(cfg.output_dir)  # a killed save's; no other writer can hold one (the lock)
             if resumed is not None:
                 print(f"resuming from step {self.step} ({resumed})")
             save_config(cfg, preflight.make_dir(cfg.output_dir) / "config.yaml")
@@ -365,8 +343,7 @@ class DiTTrainer:
             self.queue_step(next(self.loader))
             bar.update(1)
             if self.step % cfg.logging.log_steps == 0 or self.step == cfg.train.max_steps:
-                self.update.read_pending()
-                last = metrics_line(self.update.window.read(self.dims), self.lr_scheduler.get_last_lr()[0],
+                last = metrics_line(self.update.read_losses(), self.lr_scheduler.get_last_lr()[0],
                                     self.step - step0, time.perf_counter() - t0, cfg.train.global_batch_size,
                                     self.device, self.skipped_steps, mfu)
                 logger.log(self.step, last)

@@ -84,7 +84,10 @@ class LossWindow:
 
 
 class GuardedUpdate:
-    """Clip, check, update (or skip) and average one step; counts skipped steps and stop requests."""
+    """Clip, check, update (or skip) and average one step; counts skipped steps and stop requests.
+
+    Its state is its own: read through `skipped_steps`, `stop_requested`, `last_grad_norm()` and
+    `read_losses()`, saved and restored through `state_dict()` / `load_state_dict()`."""
 
     def __init__(self, optimizer, lr_scheduler, scaler, ema, clip_fn, dims, device, optim_cfg, train_cfg,
                  describe_kept):
@@ -99,12 +102,47 @@ class GuardedUpdate:
         # Whether a bad update is masked on the device and its flags read a step later (they can be
         # on a CPU too, with the fused AdamW; that is how the tests follow the accelerators' path).
         self.on_device = masks_on_device(device, optimizer, scaler)
-        self.window = LossWindow(device)
-        self.skipped_steps = 0
-        self.stop_requested = False
+        self._window = LossWindow(device)
+        self._skipped = 0
+        self._stop_agreed = False
         self._pending = None  # (flags in host memory, event or None, the step they belong to)
 
-    def __call__(self, loss: torch.Tensor, stop: bool, done: int) -> bool:
+    @property
+    def skipped_steps(self) -> int:
+        """Updates skipped for a non-finite loss or grad norm (train.skip_nonfinite_steps)."""
+        return self._skipped
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether every rank agreed to stop after the step that asked (as far as the flags were read)."""
+        return self._stop_agreed
+
+    def clear_stop(self) -> None:
+        """Forget an earlier agreed stop (a new `train()` begins)."""
+        self._stop_agreed = False
+
+    def last_grad_norm(self):
+        """The last step's gradient norm (a device tensor) when clipping, else None."""
+        return self._window.grad_norm
+
+    def read_losses(self) -> dict:
+        """Act on pending flags, then the mean loss since the last read and the last grad norm (one host
+        wait, a collective); starts the next window."""
+        self.read_pending()
+        return self._window.read(self.dims)
+
+    def state_dict(self) -> dict:
+        """The skip count and the loss window, for a resume (a collective: every rank calls it)."""
+        # A resume then logs the next line over the same steps as an uninterrupted run.
+        return {"skipped_steps": self._skipped, "log_window": self._window.state(self.dims)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` saved (older checkpoints have no window: it restarts empty)."""
+        self._skipped = int(state.get("skipped_steps", 0))
+        if state.get("log_window"):
+            self._window.restore(state["log_window"], self.dims)
+
+    def apply_or_skip(self, loss: torch.Tensor, stop: bool, done: int) -> bool:
         """Finish step `done + 1`, whose gradients are accumulated; `stop`: this rank was asked to stop.
         Returns whether the update was applied (True where the flags are read later)."""
         if self.scaler:
@@ -118,7 +156,7 @@ class GuardedUpdate:
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
         if self.max_grad_norm > 0:
-            self.window.grad_norm = norm.detach()
+            self._window.grad_norm = norm.detach()
         decay = ema_decay_at(done, self.ema_decay, self.ema_warmup)
         if self.on_device:
             # The previous step's flags are done by now; read them before this step's update is queued.
@@ -131,11 +169,11 @@ class GuardedUpdate:
                 self.optimizer.found_inf = None
             self._schedule_step()
             self.ema.update(decay, skip=masked)
-            self.window.add(loss, masked)
+            self._window.add(loss, masked)
             self._queue(flags, done + 1)
             return True
         bad_loss, bad_norm, stop = flags.tolist()
-        self.stop_requested = self.stop_requested or stop > 0
+        self._stop_agreed = self._stop_agreed or stop > 0
         if bad_loss > 0 or bad_norm > 0:
             what = describe_nonfinite(bad_loss > 0, bad_norm > 0, self.dims.all_reduce_mean(loss).item(), float(norm))
             self._skip(what, done + 1)
@@ -151,7 +189,7 @@ class GuardedUpdate:
             self.optimizer.step()
         self._schedule_step()
         self.ema.update(decay)
-        self.window.add(loss)
+        self._window.add(loss)
         return True
 
     def _schedule_step(self) -> None:
@@ -167,7 +205,7 @@ class GuardedUpdate:
             raise DivergenceError(
                 f"non-finite {what} at step {step}; the update was not applied and {self.describe_kept()}; "
                 "lower optim.lr, set optim.max_grad_norm, or set train.skip_nonfinite_steps true")
-        self.skipped_steps += 1
+        self._skipped += 1
 
     def _queue(self, flags: torch.Tensor, step: int) -> None:
         if self.device.type == "cpu":
@@ -189,6 +227,6 @@ class GuardedUpdate:
         if event is not None:
             event.synchronize()
         bad_loss, bad_norm, stop = host.tolist()
-        self.stop_requested = self.stop_requested or stop > 0
+        self._stop_agreed = self._stop_agreed or stop > 0
         if bad_loss > 0 or bad_norm > 0:
             self._skip(describe_nonfinite(bad_loss > 0, bad_norm > 0), step)

@@ -1,4 +1,4 @@
-"""Which checkpoint a run resumes from, and refusing one it cannot continue: a bare step name,
+"""train.resume: which checkpoint a run resumes from, and refusing one it cannot continue: a bare step name,
 another objective, and the lines a resume prints."""
 
 import subprocess
@@ -11,7 +11,7 @@ from trainer_helpers import run_config
 from dit_trainer.config import config_from_dict, config_yaml
 from dit_trainer.errors import ConfigError
 from dit_trainer.train import DiTTrainer
-from dit_trainer.train.resume_checks import check_same_model
+from dit_trainer.train.resume import check_same_model
 
 
 def _cfg(tmp_path, steps, **sections):
