@@ -124,7 +124,7 @@ def test_misspelt_section_in_yaml_names_it(tmp_path):
 def test_yaml_errors_say_where():
     import yaml
 
-    from dit_trainer.config.typed import yaml_problem
+    from dit_trainer.typed import yaml_problem
 
     with pytest.raises(yaml.YAMLError) as err:
         yaml.safe_load("model: [unclosed\n")

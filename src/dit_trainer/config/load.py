@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from dit_trainer.config.schema import RETIRED_KEYS, RFC_KEYS, SECTIONS, Config, ModelConfig, all_keys
-from dit_trainer.config.typed import closest_key_error, coerce
+from dit_trainer.typed import closest_key_error, coerce
 from dit_trainer.errors import ConfigError
 
 

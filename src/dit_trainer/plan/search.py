@@ -3,14 +3,13 @@
 from dataclasses import dataclass, field
 
 from dit_trainer.config import settings_of
-from dit_trainer.devices import COMPILE_MIN_PARAMS
+from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, COMPILE_MIN_PARAMS
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.plan.hardware import load_hardware
 from dit_trainer.plan.layouts import AC_POLICIES, Layout, candidate_layouts
 from dit_trainer.plan.memory import Numerics, rank_memory
 from dit_trainer.plan.timing import Machine, StepTime, step_time
-from dit_trainer.train.choices import AUTO_COMPILE_MIN_STEPS
 
 GIB = 2**30
 
