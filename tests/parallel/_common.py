@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 
 STEPS = 10
 
@@ -55,7 +55,7 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     }
     for name, values in sections.items():
         d.setdefault(name, {}).update(values)
-    return config_from_dict(d)
+    return build_config(d)
 
 
 def read_losses(out, key="loss") -> dict:
