@@ -167,12 +167,12 @@ def step_overhead():
     draws, loss, host work, from steps of 1 and of 4 accumulated micro-batches."""
     import torch
 
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
     def seconds(accum):
-        cfg = config_from_dict({"output_dir": tempfile.mkdtemp(), "model": {"name": "DiT-S/2", "input_size": 4,
+        cfg = build_config({"output_dir": tempfile.mkdtemp(), "model": {"name": "DiT-S/2", "input_size": 4,
                                 "depth": 1, "hidden_size": 8, "num_heads": 1, "num_classes": 10},
                                 "train": {"global_batch_size": 4, "device": "cpu", "compile": "false",
                                           "grad_accum_steps": accum},
@@ -218,13 +218,13 @@ def tiny_step(parallel: dict, per_rank: int = 4) -> float:
     what the wrappers (FSDP's hooks, DTensor's dispatch) and the host work cost besides arithmetic."""
     import torch
 
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.train import DiTTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dp = world // parallel.get("tp", 1)
-    cfg = config_from_dict({"output_dir": tempfile.mkdtemp(), "model": TINY,
+    cfg = build_config({"output_dir": tempfile.mkdtemp(), "model": TINY,
                             "train": {"global_batch_size": per_rank * dp, "device": "cpu", "compile": "false"},
                             "logging": {"tensorboard": False, "progress": False},
                             "parallel": {"dp_shard": -1, **parallel}})

@@ -36,9 +36,9 @@ LAYOUTS = {
 
 
 def _config(args, parallel):
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
-    return config_from_dict({
+    return build_config({
         "output_dir": "/tmp/dit-bench",
         "model": {"name": "DiT-S/2", "input_size": args.input, "in_channels": 4, "num_classes": 1000,
                   "depth": args.depth, "hidden_size": args.hidden, "num_heads": args.heads},

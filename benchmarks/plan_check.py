@@ -56,10 +56,10 @@ CASES = {
 
 def case_config(name, out):
     """The trainer config of case `name` (bf16 autocast where the CPU has it, as the trainer decides)."""
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
     _, model, batch, parallel, train = CASES[name]
-    return config_from_dict({
+    return build_config({
         "output_dir": os.path.join(out, name.replace("/", "_")),
         "model": {"input_size": 32, "in_channels": 4, "num_classes": 1000, **model},
         "data": {"num_workers": 0},

@@ -40,12 +40,12 @@ def layout_of(variant: str, budget: float = 0.8):
 
 def predict(hardware, batch: int, variant: str):
     """(predicted peak MiB, predicted img/s) of DiT-XL/2 at `batch` on one GPU."""
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
     from dit_trainer.plan.memory import Numerics, rank_memory
     from dit_trainer.plan.timing import Machine, step_time
 
-    cfg = load_config(None, ["--model.name", MODEL, "--train.global_batch_size", str(batch)])
+    cfg = build_config(None, ["--model.name", MODEL, "--train.global_batch_size", str(batch)])
     costs = get_spec(MODEL).costs_fn(cfg)
     layout = layout_of(variant, cfg.train.activation_memory_budget)
     numerics = Numerics.of("bf16", "cuda")
@@ -76,14 +76,14 @@ def measure(batches, variants, steps: int) -> list:
     import torch
     from step_memory import step_peak
 
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.train import DiTTrainer
 
     rows = []
     for batch in batches:
         for variant in variants:
             layout = layout_of(variant)
-            cfg = config_from_dict({"output_dir": tempfile.mkdtemp(), "model": {"name": MODEL, "input_size": 32},
+            cfg = build_config({"output_dir": tempfile.mkdtemp(), "model": {"name": MODEL, "input_size": 32},
                                     "train": {"global_batch_size": batch, "device": "cuda", "max_steps": 10,
                                               "compile": "true" if layout.compile else "false",
                                               "activation_checkpointing": layout.ac},

@@ -109,10 +109,10 @@ def make_batch(args, device):
 
 def build_model(args, variant: dict, device):
     """The registered model at the run's size, seeded, on `device`."""
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
 
-    cfg = config_from_dict(make_config(args, variant))
+    cfg = build_config(make_config(args, variant))
     torch.manual_seed(0)
     return get_spec(cfg.model.name).build_model_fn(cfg).to(device)
 

@@ -16,11 +16,11 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import config_yaml
+from dit_trainer.config import build_config, config_yaml
 from dit_trainer.diffusion import create_diffusion
 from dit_trainer.models import get_spec
 from dit_trainer.checkpoint import save_checkpoint
-from dit_trainer.data.loader import config_with_data
+from dit_trainer.data.loader import DataShapes
 from dit_trainer.parallel.ema import ShardedEMA
 
 
@@ -69,7 +69,9 @@ def main(argv=None):
         "train.seed": args.seed, "optim.lr": args.lr,
     }
     # Opened before the model, which takes the shape the data records wherever no flag set one.
-    cfg, dataset = config_with_data({k: v for k, v in overrides.items() if v is not None})
+    shapes = DataShapes()
+    cfg = build_config({k: v for k, v in overrides.items() if v is not None}, shapes=shapes)
+    dataset = shapes.dataset
 
     model = get_spec(cfg.model.name).build_model_fn(cfg).to(device)
     ema = ShardedEMA(model)  # the trainer's EMA; on one plain module it is DiT's update_ema

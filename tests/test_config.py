@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from dit_trainer.config import Config, as_config, config_from_dict, load_config, parse_overrides, save_config
+from dit_trainer.config import Config, build_config, parse_overrides, save_config
 from dit_trainer.errors import ConfigError
 
 REQUIRED = ["model.name", "data.path", "train.max_steps", "train.global_batch_size", "train.seed", "optim.lr",
@@ -30,20 +30,20 @@ def test_paper_defaults():
 
 def test_yaml_then_overrides(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"model": {"name": "DiT-B/4"}, "optim": {"lr": 2e-4}}))
-    cfg = load_config(tmp_path / "c.yaml", ["--optim.lr", "3e-4", "--train.max_steps=7", "--train.compile", "true",
+    cfg = build_config(tmp_path / "c.yaml", ["--optim.lr", "3e-4", "--train.max_steps=7", "--train.compile", "true",
                                            "--logging.sample_classes", "1,2,3", "--data.path", "none"])
     assert cfg.model.name == "DiT-B/4" and cfg.optim.lr == 3e-4 and cfg.train.max_steps == 7
     assert cfg.train.compile == "true" and cfg.logging.sample_classes == [1, 2, 3] and cfg.data.path is None
 
 
 def test_save_and_reload(tmp_path):
-    cfg = load_config(None, ["--model.name", "DiT-L/2", "--train.seed", "5"])
+    cfg = build_config(None, ["--model.name", "DiT-L/2", "--train.seed", "5"])
     save_config(cfg, tmp_path / "c.yaml")
-    assert load_config(tmp_path / "c.yaml") == cfg
+    assert build_config(tmp_path / "c.yaml") == cfg
 
 
 def test_rfc_flat_dict():
-    cfg = as_config({"model_name": "DiT-S/2", "weights_path": None, "lr": 1e-4, "weight_decay": 0, "num_timesteps": 1000})
+    cfg = build_config({"model_name": "DiT-S/2", "weights_path": None, "lr": 1e-4, "weight_decay": 0, "num_timesteps": 1000})
     assert cfg.model.name == "DiT-S/2" and cfg.model.weights_path is None
     assert cfg.optim.lr == 1e-4 and cfg.diffusion.num_timesteps == 1000
 
@@ -52,28 +52,28 @@ def test_rfc_flat_dict():
                                               ("--chekpoint.save_steps", "checkpoint.save_steps")])
 def test_unknown_key_names_closest(override, closest):
     with pytest.raises(ConfigError) as err:
-        load_config(None, [override, "1"])
+        build_config(None, [override, "1"])
     assert closest in str(err.value) and "\n" not in str(err.value)
 
 
 def test_unknown_yaml_key(tmp_path):
     (tmp_path / "c.yaml").write_text("model:\n  nmae: DiT-S/2\n")
     with pytest.raises(ConfigError, match="model.name"):
-        load_config(tmp_path / "c.yaml")
+        build_config(tmp_path / "c.yaml")
 
 
 @pytest.mark.parametrize("key,value", [("train.max_steps", "ten"), ("train.compile", "maybe"), ("optim.lr", "fast")])
 def test_bad_values(key, value):
     with pytest.raises(ConfigError, match=key):
-        load_config(None, [f"--{key}", value])
+        build_config(None, [f"--{key}", value])
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml"):
-        load_config(tmp_path / "nope.yaml")
+        build_config(tmp_path / "nope.yaml")
     (tmp_path / "bad.yaml").write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="bad.yaml"):
-        load_config(tmp_path / "bad.yaml")
+        build_config(tmp_path / "bad.yaml")
 
 
 def test_override_without_value():
@@ -88,14 +88,14 @@ def test_shipped_configs_load():
     files = sorted(root.glob("*.yaml"))
     assert {"demo_digits.yaml", "dit_s2_latents.yaml", "dit_xl2_imagenet256.yaml"} <= {f.name for f in files}
     for f in files:
-        load_config(f)
-    xl = load_config(root / "dit_xl2_imagenet256.yaml")
+        build_config(f)
+    xl = build_config(root / "dit_xl2_imagenet256.yaml")
     assert (xl.model.name, xl.optim.lr, xl.optim.weight_decay, xl.train.global_batch_size, xl.train.ema_decay) == (
         "DiT-XL/2", 1e-4, 0.0, 256, 0.9999)
 
 
 def test_nested_dict():
-    cfg = config_from_dict({"train": {"seed": 3}, "output_dir": "x"})
+    cfg = build_config({"train": {"seed": 3}, "output_dir": "x"})
     assert cfg.train.seed == 3 and cfg.output_dir == "x"
 
 
@@ -110,28 +110,28 @@ def test_nested_dict():
 ])
 def test_suggestions_follow_synonyms_and_families(args, needle):
     with pytest.raises(ConfigError) as err:
-        load_config(None, args)
+        build_config(None, args)
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
 def test_misspelt_section_in_yaml_names_it(tmp_path):
     (tmp_path / "c.yaml").write_text("trian:\n  max_steps: 5\n")
     with pytest.raises(ConfigError) as err:
-        load_config(tmp_path / "c.yaml")
+        build_config(tmp_path / "c.yaml")
     assert str(err.value) == "unknown config key 'trian'; did you mean 'train'?"
 
 
 def test_yaml_errors_say_where():
     import yaml
 
-    from dit_trainer.config.typed import yaml_problem
+    from dit_trainer.typed import yaml_problem
 
     with pytest.raises(yaml.YAMLError) as err:
         yaml.safe_load("model: [unclosed\n")
     assert yaml_problem(err.value) == ("line 2, column 1: expected ',' or ']', but got '<stream end>' "
                                        "(while parsing a flow sequence from line 1, column 8)")
     with pytest.raises(ConfigError, match="line 1, column 6: expected") as err:
-        load_config(None, ["--logging.sample_classes", "[1, 2"])  # was a yaml traceback
+        build_config(None, ["--logging.sample_classes", "[1, 2"])  # was a yaml traceback
     assert "\n" not in str(err.value)
 
 
@@ -139,7 +139,7 @@ def test_broken_config_file_says_file_and_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  name: [DiT-S/2\n")
     with pytest.raises(ConfigError) as err:
-        load_config(str(bad), [])
+        build_config(str(bad), [])
     message = str(err.value)
     assert str(bad) in message and "line 3, column 1" in message and "from line 2, column 9" in message
     assert "\n" not in message
@@ -149,30 +149,30 @@ def test_broken_config_file_says_file_and_line(tmp_path):
 def test_hidden_size_not_a_multiple_of_4_is_one_line(name, heads, hint):
     # The 2-D sin-cos position table needs it; before, model building failed with a shape mismatch.
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["--model.name", name, "--model.hidden_size", "66", "--model.num_heads", str(heads)])
+        build_config(None, ["--model.name", name, "--model.hidden_size", "66", "--model.num_heads", str(heads)])
     text = str(err.value)
     assert "model.hidden_size 66" in text and "multiple of 4" in text and hint in text and "\n" not in text
 
 
 def test_objective_auto_follows_the_model():
     # SiT's releases are transport models; the rest are trained as diffusion unless the config says.
-    assert load_config(None, ["--model.name", "SiT-S/2"]).objective == "transport"
-    assert load_config(None, ["--model.name", "DiT-S/2"]).objective == "diffusion"
-    assert load_config(None, ["--model.name", "DiT-S/2", "--objective", "transport"]).objective == "transport"
+    assert build_config(None, ["--model.name", "SiT-S/2"]).objective == "transport"
+    assert build_config(None, ["--model.name", "DiT-S/2"]).objective == "diffusion"
+    assert build_config(None, ["--model.name", "DiT-S/2", "--objective", "transport"]).objective == "transport"
     # a name set on the command line after a file decides; so does one set on a Config built in code
-    assert load_config(None, ["--model.name", "DiT-S/2", "--model.name", "SiT-B/4"]).objective == "transport"
+    assert build_config(None, ["--model.name", "DiT-S/2", "--model.name", "SiT-B/4"]).objective == "transport"
     cfg = Config()
     cfg.model.name = "SiT-B/4"
-    assert as_config(cfg).objective == "transport"
+    assert build_config(cfg).objective == "transport"
     # once built, a config names its objective: the run's config.yaml says what it trained
-    assert "objective: transport" in __import__("dit_trainer.config", fromlist=["x"]).config_yaml(as_config(cfg))
-    assert config_from_dict({"objective": "diffusion", "model": {"name": "SiT-S/2", "learn_sigma": False}}).objective \
+    assert "objective: transport" in __import__("dit_trainer.config", fromlist=["x"]).config_yaml(build_config(cfg))
+    assert build_config({"objective": "diffusion", "model": {"name": "SiT-S/2", "learn_sigma": False}}).objective \
         == "diffusion"
 
 
 def test_sit_under_learned_sigma_diffusion_is_one_line():
     # Before, training failed inside the diffusion loss on an output-shape assertion.
     with pytest.raises(ConfigError) as err:
-        load_config(None, ["--model.name", "SiT-S/2", "--objective", "diffusion"])
+        build_config(None, ["--model.name", "SiT-S/2", "--objective", "diffusion"])
     text = str(err.value)
     assert "SiT-S/2" in text and "objective transport" in text and "DiT-S/2" in text and "\n" not in text

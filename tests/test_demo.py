@@ -8,15 +8,15 @@ import torch
 from PIL import Image
 
 from dit_trainer.cli import main
-from dit_trainer.config import config_from_dict, load_config
+from dit_trainer.config import build_config
 from dit_trainer.demo import demo_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_yaml_is_the_demo_config():
-    shipped = load_config(ROOT / "configs" / "demo_digits.yaml")
-    assert shipped == config_from_dict(demo_config(shipped.output_dir))
+    shipped = build_config(ROOT / "configs" / "demo_digits.yaml")
+    assert shipped == build_config(demo_config(shipped.output_dir))
 
 
 def test_demo_short_run(tmp_path, capsys):
@@ -49,7 +49,7 @@ def test_demo_short_run_as_transport(tmp_path, capsys):
     torch.set_num_threads(1)
     assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--per-class", "1", "--no-progress",
                  "--objective", "transport", "--fid-samples", "0"]) == 0
-    cfg = load_config(tmp_path / "config.yaml")
+    cfg = build_config(tmp_path / "config.yaml")
     assert cfg.objective == "transport" and cfg.transport.ode_method == "midpoint"
     data = np.load(tmp_path / "samples.npz")
     assert data["images"].shape == (10, 1, 16, 16) and np.isfinite(data["images"]).all()

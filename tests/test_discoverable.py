@@ -70,18 +70,18 @@ def test_aliases(capsys, alias, key):
 def test_resume_from_step_and_path(tmp_path):
     out = ["--output_dir", str(tmp_path), "--train.global_batch_size", "2", "--checkpoint.save_steps", "1"]
     assert main(["train", *TINY, *out, "--train.max_steps", "2"]) == 0
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
     from dit_trainer.train import DiTTrainer
 
     for value in ("1", str(tmp_path / "checkpoints" / "step-00000001")):
-        trainer = DiTTrainer(load_config(None, [*TINY, *out, "--checkpoint.resume_from", value]))
+        trainer = DiTTrainer(build_config(None, [*TINY, *out, "--checkpoint.resume_from", value]))
         assert trainer.maybe_resume().name == "step-00000001" and trainer.step == 1
     assert main(["train", *TINY, *out, "--checkpoint.resume_from", "9"]) == 2
 
 
 def test_dir_shows_public_names():
     names = dir(dit_trainer)
-    assert {"DiTTrainer", "get_spec", "load_config", "create_diffusion"} <= set(names)
+    assert {"DiTTrainer", "get_spec", "build_config", "create_diffusion"} <= set(names)
 
 
 def test_checked_in_config_reference_matches():

@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from dit_trainer.config import load_config
+from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.config.model_file import load_model_file
 
@@ -23,39 +23,39 @@ def tiny_json(tmp_path):
 
 
 def test_config_json_is_the_model_section(tiny_json):
-    cfg = load_config(tiny_json)
+    cfg = build_config(tiny_json)
     m = cfg.model
     assert (m.options["depth"], m.options["hidden_size"], m.options["num_heads"]) == (2, 32, 2)
     assert (m.input_size, m.in_channels, m.num_classes, m.learn_sigma) == (8, 4, 10, True)
-    assert cfg.train.max_steps == load_config(None).train.max_steps  # the rest keeps the defaults
+    assert cfg.train.max_steps == build_config(None).train.max_steps  # the rest keeps the defaults
 
 
 def test_config_file_key_and_precedence(tiny_json, tmp_path):
     yml = tmp_path / "run.yaml"
     yml.write_text(yaml.safe_dump({"model": {"config_file": str(tiny_json), "depth": 3}, "train": {"max_steps": 5}}))
-    cfg = load_config(yml, ["--model.num_classes", "7"])
+    cfg = build_config(yml, ["--model.num_classes", "7"])
     # beside-it keys and overrides win; the rest comes from the file; the path is not kept
     assert (cfg.model.options["depth"], cfg.model.num_classes, cfg.model.options["hidden_size"], cfg.model.input_size) == (3, 7, 32, 8)
     assert cfg.model.config_file is None and cfg.train.max_steps == 5
     saved = tmp_path / "saved.yaml"
     saved.write_text(yaml.safe_dump(cfg.to_dict()))
-    assert load_config(saved) == cfg  # config.yaml of the run reads back without the JSON
+    assert build_config(saved) == cfg  # config.yaml of the run reads back without the JSON
 
 
 def test_config_file_from_command_line(tiny_json):
-    cfg = load_config(None, ["--model.config_file", str(tiny_json)])
+    cfg = build_config(None, ["--model.config_file", str(tiny_json)])
     assert (cfg.model.options["depth"], cfg.model.options["hidden_size"], cfg.model.num_classes) == (2, 32, 10)
 
 
 def test_our_layout_and_bare_section(tmp_path):
     ours = tmp_path / "ours.json"
     ours.write_text(json.dumps({"model": {"name": "DiT-B/4"}, "optim": {"lr": 3e-4}}))
-    cfg = load_config(ours)
+    cfg = build_config(ours)
     assert cfg.model.name == "DiT-B/4" and cfg.optim.lr == 3e-4
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"name": "DiT-S/4", "depth": 3}))
     assert load_model_file(bare) == {"name": "DiT-S/4", "depth": 3}
-    assert load_config(bare).model.options["depth"] == 3
+    assert build_config(bare).model.options["depth"] == 3
 
 
 @pytest.mark.parametrize("content,where", [
@@ -68,7 +68,7 @@ def test_neither_ours_nor_paddlemix_is_one_line(tmp_path, content, where):
     path = tmp_path / "odd.json"
     path.write_text(json.dumps(content))
     with pytest.raises(ConfigError) as err:
-        load_config(path) if where == "--config" else load_config(None, [where, str(path)])
+        build_config(path) if where == "--config" else build_config(None, [where, str(path)])
     msg = str(err.value)
     assert "odd.json" in msg and "PaddleMIX" in msg and "\n" not in msg
 
@@ -77,9 +77,9 @@ def test_invalid_json_and_missing_file(tmp_path):
     bad = tmp_path / "broken.json"
     bad.write_text('{"num_layers": 2,')
     with pytest.raises(ConfigError, match="broken.json is not valid JSON"):
-        load_config(bad)
+        build_config(bad)
     with pytest.raises(ConfigError, match="gone.json does not exist"):
-        load_config(None, ["--model.config_file", str(tmp_path / "gone.json")])
+        build_config(None, ["--model.config_file", str(tmp_path / "gone.json")])
 
 
 def test_cli_error_is_one_line(tmp_path, capsys):

@@ -2,7 +2,7 @@
 
 The main entry points are importable from the top level (loaded on first use, so `dit --help`
 stays fast): `DiTTrainer` (the torch engine), `build_trainer` (the engine a config's `backend`
-names), `get_spec`, `create_diffusion`, `load_config`.
+names), `get_spec`, `create_diffusion`, `build_config`.
 """
 
 from dit_trainer.lazy import lazy_exports
@@ -17,7 +17,7 @@ _LAZY = {
     "ModelSpec": "dit_trainer.models",
     "create_diffusion": "dit_trainer.diffusion",
     "Config": "dit_trainer.config",
-    "load_config": "dit_trainer.config",
+    "build_config": "dit_trainer.config",
     "DiTPipeline": "dit_trainer.convert.pipeline",
 }
 

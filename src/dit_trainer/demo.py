@@ -67,13 +67,13 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
     import numpy as np
     import torch
 
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.host_memory import keep_freed_memory_on
     from dit_trainer.sample import sample_latents, save_grid
     from dit_trainer.train import DiTTrainer
 
     out = Path(out)
-    cfg = config_from_dict(demo_config(out, steps, seed, objective, fid_samples))
+    cfg = build_config(demo_config(out, steps, seed, objective, fid_samples))
     cfg.logging.progress = progress
     trainer = DiTTrainer(cfg)
     keep_freed_memory_on(trainer.device)  # the demo is a whole command's run: the process-wide setting is its own

@@ -48,6 +48,11 @@ def compile_supported(device) -> bool:
     return True
 
 
+# `train.compile auto` compiles when the run repays the compile: the first per-block compile of a
+# DiT takes about a minute, so short runs stay eager. Here, not in train/, so that the layout
+# planner prices the same policy without importing the trainer.
+AUTO_COMPILE_MIN_STEPS = 1000
+
 # `auto` compiles only models of this many parameters or more: smaller ones (tests, the digits demo)
 # take as long to compile as a big one and gain little per call.
 COMPILE_MIN_PARAMS = 10_000_000

@@ -106,13 +106,11 @@ def _resolve(target: str):
 
 
 def build_objective(cfg):
-    """The objective named by `cfg.objective` ("auto" or unset: the model's own), built from `cfg`."""
-    name = getattr(cfg, "objective", None) or "auto"
-    if name == "auto":
-        from dit_trainer.models.spec import release_objective
-
-        model = getattr(cfg, "model", None)
-        name = release_objective(model.name) if model is not None else "diffusion"
+    """The objective named by `cfg.objective` ("diffusion" when absent), built from `cfg`."""
+    name = getattr(cfg, "objective", None) or "diffusion"
+    if name == "auto":  # build_config makes it the model's own; a Config not built there still says auto
+        raise ConfigError("objective auto is resolved when the config is built: pass the config through "
+                          "dit_trainer.config.build_config, or set `objective:` to one of " + ", ".join(_FACTORIES))
     if name not in _FACTORIES:
         raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
     return _resolve(_FACTORIES[name])(cfg)

@@ -1,15 +1,15 @@
 """What this backend takes from dit_trainer's torch-free core: the checked config, and the MindSpore
 DiT's constructor arguments from it (the DiT size table is `dit_trainer.models.dit.sizes`)."""
 
-from dit_trainer.config import as_config as _as_config
+from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models.dit.config import block_options, refuse_block_options
 from dit_trainer.models.dit.sizes import NAMES, dit_size
 
 
-def as_config(config):
-    """A checked Config from a Config, a nested/RFC flat dict or a YAML path (no torch imported)."""
-    cfg = _as_config(config)
+def mindspore_config(config):
+    """`build_config(config)` (no torch imported), refused for a model without a MindSpore build."""
+    cfg = build_config(config)
     if cfg.model.name not in NAMES:
         raise ConfigError(f"model.name {cfg.model.name!r} has no MindSpore build; use one of {', '.join(NAMES)}")
     refuse_block_options(block_options(cfg.model.options), "backend mindspore", cfg.model.name,

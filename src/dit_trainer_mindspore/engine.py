@@ -13,7 +13,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from dit_trainer.errors import ConfigError
 from dit_trainer_mindspore import checkpoint as ckpt
-from dit_trainer_mindspore.core import as_config, model_kwargs
+from dit_trainer_mindspore.core import mindspore_config, model_kwargs
 from dit_trainer_mindspore.diffusion import GaussianDiffusion
 from dit_trainer_mindspore.model import DiT
 from dit_trainer_mindspore.optim import adamw_update, ema_update, zeros_like_params
@@ -23,7 +23,7 @@ class MindSporeTrainer:
     """Model, diffusion, optimizer and EMA of one MindSpore training run (one process or msrun DP)."""
 
     def __init__(self, config, jit=None):
-        self.cfg = cfg = as_config(config)
+        self.cfg = cfg = mindspore_config(config)
         jit = str(cfg.train.compile).lower() == "true" if jit is None else jit
         if cfg.objective != "diffusion":
             raise ConfigError(f"objective {cfg.objective!r} is not supported with backend mindspore; use diffusion")

@@ -61,7 +61,7 @@ def test_ddim_images_match_diffusers_pipeline(exported):
     """diffusers' DiTPipeline and our DDIM sampler on the imported model: same noise, labels, images."""
     from diffusers import DiTPipeline
 
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.sample import sample_latents, to_images
     from dit_trainer.sample import load_decoder
 
@@ -70,7 +70,7 @@ def test_ddim_images_match_diffusers_pipeline(exported):
     theirs = pipe(class_labels=labels, guidance_scale=4.0, num_inference_steps=25,
                   generator=torch.Generator().manual_seed(seed), output_type="np").images
     ours, bundle = _ours_from(exported)
-    cfg = config_from_dict({"model": {k: v for k, v in bundle.model.items() if k in
+    cfg = build_config({"model": {k: v for k, v in bundle.model.items() if k in
                                       ("name", "input_size", "in_channels", "num_classes")},
                             "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor}})
     latents = sample_latents(ours, cfg, labels, cfg_scale=4.0, sampler="ddim", steps=25, seed=seed)

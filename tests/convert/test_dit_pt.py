@@ -48,13 +48,13 @@ def test_training_dict_prefers_ema_and_cli(tmp_path, capsys):
       "mlp_ratio": 4.0, "class_dropout_prob": 0.1, "num_classes": 1000, "learn_sigma": True}, "DiT-S/4"),
 ])
 def test_paddlemix_json(tmp_path, data, name):
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
     path = tmp_path / "DiT.json"
     path.write_text(json.dumps(data))
     cfg = load_paddlemix_json(path)
     assert cfg["name"] == name and cfg["input_size"] == 32 and "depth" not in cfg
-    assert config_from_dict({"model": cfg}).model.name == name  # a valid model: section
+    assert build_config({"model": cfg}).model.name == name  # a valid model: section
 
 
 def test_no_release_size_needs_its_head_count(tmp_path):

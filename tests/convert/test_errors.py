@@ -150,11 +150,11 @@ def test_block_options_refuse_export_in_one_line(vae_dir, tmp_path, fmt):
 
 def test_block_options_refuse_mindspore(tmp_path):
     # The MindSpore DiT (weights and the backend's config) has the release's block only; torch-free checks.
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.convert.model_config import build_dit
     from dit_trainer.errors import ConfigError
     from dit_trainer_mindspore.convert import _recorded_block_options, torch_to_mindspore
-    from dit_trainer_mindspore.core import as_config
+    from dit_trainer_mindspore.core import mindspore_config
 
     sd = {k: v.numpy() for k, v in build_dit({**TINY, "mlp": "swiglu"}).state_dict().items()}
     with pytest.raises(ConfigError, match="ckpt uses model.mlp swiglu, but MindSpore's DiT has only"):
@@ -163,6 +163,6 @@ def test_block_options_refuse_mindspore(tmp_path):
     # RoPE shows in no tensor: a checkpoint folder's config.yaml tells it.
     (tmp_path / "config.yaml").write_text("model:\n  name: DiT-S/2\n  rope: true\n")
     assert _recorded_block_options(str(tmp_path)) == {"rope": True}
-    cfg = config_from_dict({"output_dir": str(tmp_path), "backend": "mindspore", "model": {"name": "DiT-S/2", "rope": True}})
+    cfg = build_config({"output_dir": str(tmp_path), "backend": "mindspore", "model": {"name": "DiT-S/2", "rope": True}})
     with pytest.raises(ConfigError, match="DiT-S/2 uses model.rope true, but backend mindspore has only .*backend torch"):
-        as_config(cfg)
+        mindspore_config(cfg)

@@ -66,18 +66,18 @@ def test_bad_json_for_convert_is_one_line(pt_and_json, tmp_path):
 
 def test_paddlemix_large_dit_json_is_a_large_dit(tmp_path):
     # PaddleMIX's config/LargeDiT_*.json share the DiT files' keys; PaddleMIX picks DiT-LLaMA by file name.
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
 
     three_b = tmp_path / "LargeDiT_3B_patch2.json"
     three_b.write_text(json.dumps({"sample_size": 32, "patch_size": 2, "in_channels": 4, "num_layers": 32,
                                    "num_attention_heads": 32, "attention_head_dim": 96, "qk_norm": False}))
-    cfg = load_config(three_b)
+    cfg = build_config(three_b)
     assert cfg.model.name == "LargeDiT-3B/2" and cfg.model.options["qk_norm"] is False
     tiny = tmp_path / "LargeDiT_tiny_patch2.json"  # no qk_norm key: ppdiffusers' default turns it on
     tiny.write_text(json.dumps({"sample_size": 8, "patch_size": 2, "in_channels": 4, "num_layers": 2,
                                 "num_attention_heads": 4, "attention_head_dim": 16, "num_classes": 10}))
-    cfg = load_config(tiny)
+    cfg = build_config(tiny)
     assert cfg.model.name == "LargeDiT-600M/2" and cfg.model.options == {
         "qk_norm": True, "patch_size": 2, "dim": 64, "n_layers": 2, "n_heads": 4}
     model = get_spec(cfg.model.name).build_model_fn(cfg)
@@ -88,12 +88,12 @@ def test_paddlemix_large_dit_json_is_a_large_dit(tmp_path):
     dit = tmp_path / "DiT_XL_patch2.json"
     dit.write_text(json.dumps({"sample_size": 32, "patch_size": 2, "in_channels": 4, "num_layers": 28,
                                "num_attention_heads": 16, "attention_head_dim": 72}))
-    assert load_config(dit).model.name == "DiT-XL/2"
+    assert build_config(dit).model.name == "DiT-XL/2"
 
 
 def test_paddlemix_sit_json_is_a_sit_trained_as_transport(tmp_path):
     # PaddleMIX's config/SiT_XL_patch2.json holds DiT's keys; its SiT script is what makes it SiT.
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
     from dit_trainer.objective import build_objective
     from dit_trainer.transport.objective import TransportObjective
 
@@ -102,8 +102,8 @@ def test_paddlemix_sit_json_is_a_sit_trained_as_transport(tmp_path):
     sit, dit = tmp_path / "SiT_tiny_patch2.json", tmp_path / "DiT_tiny_patch2.json"
     for path in (sit, dit):
         path.write_text(json.dumps(keys))
-    cfg = load_config(sit)
+    cfg = build_config(sit)
     assert cfg.model.name == "SiT-S/2" and cfg.objective == "transport"
     assert isinstance(build_objective(cfg), TransportObjective)
-    other = load_config(dit)
+    other = build_config(dit)
     assert other.model.name == "DiT-S/2" and other.objective == "diffusion"

@@ -213,9 +213,9 @@ def test_pipeline_folder_with_vae_subfolder_loads(assets, tmp_path):
 
 
 def _train_config(out, data, max_steps):
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
-    return config_from_dict({
+    return build_config({
         "output_dir": str(out),
         "model": {"name": "DiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 2, "depth": 1,
                   "hidden_size": 32, "num_heads": 2},

@@ -12,11 +12,17 @@ from PIL import Image
 pytest.importorskip("diffusers")
 
 from dit_trainer.cli import main  # noqa: E402
-from dit_trainer.config import load_config  # noqa: E402
-from dit_trainer.data.loader import config_with_data  # noqa: E402
+from dit_trainer.config import build_config  # noqa: E402
+from dit_trainer.data.loader import DataShapes  # noqa: E402
 from dit_trainer.errors import ConfigError, DataError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def config_with_data(source, overrides=None):
+    """(Config, dataset) as the trainer builds them: the data fills the shapes the source leaves out."""
+    shapes = DataShapes()
+    return build_config(source, overrides, shapes=shapes), shapes.dataset
 
 
 def tiny_vae(folder):
@@ -88,8 +94,8 @@ def test_npy_folder_needs_labels_or_unconditional(tmp_path):
     for i in range(3):
         np.save(tmp_path / f"{i}.npy", np.zeros((4, 8, 8), np.float32))
     with pytest.raises(DataError, match="no labels file.*labels.json.*data.unconditional: true"):
-        config_with_data(load_config(None, ["--data.path", str(tmp_path)]))
-    cfg, dataset = config_with_data(load_config(None, ["--data.path", str(tmp_path), "--data.unconditional", "true"]))
+        config_with_data(None, ["--data.path", str(tmp_path)])
+    cfg, dataset = config_with_data(None, ["--data.path", str(tmp_path), "--data.unconditional", "true"])
     assert len(dataset) == 3 and cfg.model.num_classes == 1 and cfg.model.input_size == 8
     (tmp_path / "labels.json").write_text(json.dumps({"labels": {"0": 0, "1": 1, "2": 2}, "class_names": ["a", "b", "c"]}))
     cfg, _ = config_with_data({"data": {"path": str(tmp_path)}})

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.diffusion.objective import DiffusionObjective
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import build_objective, list_objectives, register_objective
 
 
 def _objective(**diffusion):
-    return build_objective(config_from_dict({"diffusion": diffusion, "model": {"learn_sigma": True}}))
+    return build_objective(build_config({"diffusion": diffusion, "model": {"learn_sigma": True}}))
 
 
 def _toy_model(x, t, **kwargs):
@@ -22,7 +22,7 @@ def test_factory_builds_diffusion_by_default():
     obj = _objective()
     assert isinstance(obj, DiffusionObjective) and obj.samplers == ("ddpm", "ddim")
     with pytest.raises(ConfigError, match="objective 'nope'"):
-        build_objective(config_from_dict({"objective": "nope"}))
+        build_objective(build_config({"objective": "nope"}))
     with pytest.raises(ValueError, match="already registered"):
         register_objective("diffusion", "x:y")
     assert "transport" in list_objectives()
@@ -54,7 +54,7 @@ def test_draw_comes_from_the_generator_only():
 
 
 def test_respaced_model_input_maps_timesteps():
-    cfg = config_from_dict({"model": {"learn_sigma": True}})
+    cfg = build_config({"model": {"learn_sigma": True}})
     base = DiffusionObjective.from_config(cfg)
     obj = DiffusionObjective(base.respaced("ddim", 10), base.schedule_sampler, cfg)
     draws = {"t": torch.tensor([0, 9]), "noise": torch.zeros(2, 1, 2, 2), "weight": torch.ones(2)}

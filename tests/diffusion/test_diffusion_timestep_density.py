@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.diffusion import create_diffusion
 from dit_trainer.diffusion.timestep_sampler import (
     LogitNormalSampler,
@@ -74,7 +74,7 @@ def test_logit_normal_is_symmetric_and_lognormal_centres_on_snr_one():
 
 
 def test_objective_draws_the_shaped_steps_from_the_generator_only():
-    cfg = config_from_dict({"diffusion": {"timestep_sampler": "lognormal", "timestep_mean": 0.5,
+    cfg = build_config({"diffusion": {"timestep_sampler": "lognormal", "timestep_mean": 0.5,
                                           "timestep_std": 0.8}})
     obj = build_objective(cfg)
     assert isinstance(obj.schedule_sampler, LogNormalSNRSampler) and obj.schedule_sampler.std == 0.8
@@ -91,7 +91,7 @@ def test_objective_draws_the_shaped_steps_from_the_generator_only():
 @pytest.mark.parametrize("key,value", [("timestep_std", 0.0), ("timestep_std", -1.0), ("timestep_sampler", "log")])
 def test_bad_density_settings_are_one_line(key, value):
     with pytest.raises(ConfigError, match=f"diffusion.{key}") as err:
-        build_objective(config_from_dict({"diffusion": {"timestep_sampler": "logit-normal", key: value}}))
+        build_objective(build_config({"diffusion": {"timestep_sampler": "logit-normal", key: value}}))
     assert "\n" not in str(err.value)
 
 

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import build_objective
 
 
 def _objective(learn_sigma=True, **diffusion):
-    return build_objective(config_from_dict({"diffusion": diffusion, "model": {"learn_sigma": learn_sigma}}))
+    return build_objective(build_config({"diffusion": diffusion, "model": {"learn_sigma": learn_sigma}}))
 
 
 def _model(x_t, t, learn_sigma):

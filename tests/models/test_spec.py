@@ -2,7 +2,7 @@
 
 import pytest
 
-from dit_trainer.config import Config, config_from_dict, load_config, save_config
+from dit_trainer.config import Config, build_config, save_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import DiT, ModelSpec, get_spec, list_specs, register_spec
 
@@ -61,21 +61,21 @@ def test_lowercase_names_resolve():
 
 
 def test_family_options_are_typed_and_checked():
-    cfg = config_from_dict({"model": {"name": "DiT-S/2", "depth": "3", "hidden_size": 64, "num_heads": 4}})
+    cfg = build_config({"model": {"name": "DiT-S/2", "depth": "3", "hidden_size": 64, "num_heads": 4}})
     assert cfg.model.options["depth"] == 3 and isinstance(cfg.model.options["depth"], int)
     assert cfg.model.options == {"depth": 3, "hidden_size": 64, "num_heads": 4}
     with pytest.raises(ConfigError, match="model.depth") as err:
-        config_from_dict({"model": {"name": "DiT-S/2", "depht": 3}})
+        build_config({"model": {"name": "DiT-S/2", "depht": 3}})
     assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="needs int"):
-        config_from_dict({"model": {"depth": "deep"}})
+        build_config({"model": {"depth": "deep"}})
 
 
 def test_family_options_round_trip_through_yaml(tmp_path):
-    cfg = config_from_dict({"model": {"name": "DiT-S/2", "depth": 3, "mlp_ratio": 2.0}})
+    cfg = build_config({"model": {"name": "DiT-S/2", "depth": 3, "mlp_ratio": 2.0}})
     assert cfg.to_dict()["model"]["depth"] == 3 and "options" not in cfg.to_dict()["model"]
     save_config(cfg, tmp_path / "c.yaml")
-    back = load_config(tmp_path / "c.yaml")
+    back = build_config(tmp_path / "c.yaml")
     assert back.model.options == cfg.model.options and back.model.options["mlp_ratio"] == 2.0
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 
 STEPS = 10
 
@@ -59,7 +59,7 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     }
     for name, values in sections.items():
         d.setdefault(name, {}).update(values)
-    return config_from_dict(d)
+    return build_config(d)
 
 
 def train_one_process(run, **kwargs):

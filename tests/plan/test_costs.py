@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dit_trainer.config import ModelConfig, config_from_dict
+from dit_trainer.config import ModelConfig, build_config
 from dit_trainer.models import get_spec, list_specs
 from dit_trainer.plan.layouts import Layout
 from dit_trainer.plan.memory import state_bytes
@@ -80,7 +80,7 @@ _TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "
 ])
 def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
     """float32, so the count does not depend on the CPU's bf16 support; the fused SDPA path's extras included."""
-    cfg = config_from_dict({"output_dir": "unused", "model": {"num_classes": 10, **model}})
+    cfg = build_config({"output_dir": "unused", "model": {"num_classes": 10, **model}})
     spec = get_spec(cfg.model.name)
     net = spec.build_model_fn(cfg)
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}

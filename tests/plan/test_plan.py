@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dit_trainer.config import config_from_dict, load_config, save_config
+from dit_trainer.config import build_config, save_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.plan import apply_auto_layout, load_hardware, make_request, plan_layouts
@@ -23,7 +23,7 @@ TINY = {"name": "DiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4, "input
 
 
 def _cfg(**train):
-    return config_from_dict({"output_dir": "unused", "model": dict(TINY),
+    return build_config({"output_dir": "unused", "model": dict(TINY),
                              "train": {"global_batch_size": 8, "device": "cpu", **train}})
 
 
@@ -42,7 +42,7 @@ def test_dit_plan_prices_large_dit_7b_on_16_gpus_in_seconds_and_its_top_layout_f
 
 
 def test_the_top_plan_fits_and_no_faster_layout_does():
-    cfg = load_config(None, ["--model.name", "LargeDiT-7B/2"])
+    cfg = build_config(None, ["--model.name", "LargeDiT-7B/2"])
     plans = plan_layouts(make_request(cfg, 16, 8, "h100", 80))
     best = plans[0]
     assert best.fits and best.peak.total <= (80 - 2) * GIB
@@ -53,7 +53,7 @@ def test_the_top_plan_fits_and_no_faster_layout_does():
 
 
 def test_sharding_pipelining_and_checkpointing_lower_the_memory_they_should():
-    cfg = load_config(None, ["--model.name", "DiT-XL/2"])
+    cfg = build_config(None, ["--model.name", "DiT-XL/2"])
     costs = get_spec("DiT-XL/2").costs_fn(cfg)
     num = Numerics(2, fused_attention=True)
 
@@ -70,7 +70,7 @@ def test_sharding_pipelining_and_checkpointing_lower_the_memory_they_should():
 
 
 def test_pinned_checkpointing_and_compile_are_kept():
-    cfg = load_config(None, ["--model.name", "DiT-B/2", "--train.activation_checkpointing", "full",
+    cfg = build_config(None, ["--model.name", "DiT-B/2", "--train.activation_checkpointing", "full",
                              "--train.compile", "false"])
     plans = plan_layouts(make_request(cfg, 4, 4, "a100"))
     assert {p.layout.ac for p in plans} == {"full"} and not any(p.layout.compile for p in plans)
@@ -89,7 +89,7 @@ def test_apply_auto_layout_writes_the_top_plan_and_the_config_keeps_it(tmp_path)
     # train.compile auto: a model under 10M parameters never repays the compile.
     assert cfg.train.compile == "false" and not plan.layout.compile
     save_config(cfg, tmp_path / "config.yaml")
-    again = load_config(tmp_path / "config.yaml")
+    again = build_config(tmp_path / "config.yaml")
     assert (again.parallel.dp_shard, again.parallel.tp, again.parallel.pp) == (par.dp_shard, par.tp, par.pp)
 
 
@@ -100,7 +100,7 @@ def test_auto_layout_says_in_one_line_when_nothing_fits():
 
 
 def test_trainer_applies_parallel_layout_auto_before_the_mesh(tmp_path):
-    cfg = config_from_dict({"output_dir": str(tmp_path), "model": dict(TINY),
+    cfg = build_config({"output_dir": str(tmp_path), "model": dict(TINY),
                             "parallel": {"layout": "auto"}, "logging": {"tensorboard": False, "progress": False},
                             "train": {"global_batch_size": 4, "device": "cpu", "max_steps": 1, "compile": "false"}})
     from dit_trainer.train import DiTTrainer
@@ -115,7 +115,7 @@ def test_trainer_applies_parallel_layout_auto_before_the_mesh(tmp_path):
 
 def test_bad_inputs_are_one_line_errors_naming_the_flag():
     with pytest.raises(ConfigError, match="parallel.layout"):
-        config_from_dict({"parallel": {"layout": "fastest"}})
+        build_config({"parallel": {"layout": "fastest"}})
     with pytest.raises(ConfigError, match="--hardware"):
         load_hardware("tpu-v9")
     with pytest.raises(ConfigError, match="--gpu-memory"):

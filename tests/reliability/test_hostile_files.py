@@ -13,7 +13,7 @@ from trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.checkpoint.safe_dcp import read_metadata_file
-from dit_trainer.config import load_config
+from dit_trainer.config import build_config
 from dit_trainer.data.images import list_image_folder
 from dit_trainer.data.labels import read_labels_file
 from dit_trainer.data.latents import read_npy_header
@@ -79,7 +79,7 @@ def test_fifo_as_weights_does_not_hang_resume(tmp_path):
 
 @pytest.mark.parametrize("reader,name", [
     (ckpt.load_safetensors, "ema.safetensors"), (ckpt.load_pt, "optimizer.pt"),
-    (read_metadata_file, ".metadata"), (load_config, "config.yaml"), (read_npy_header, "00000.npy"),
+    (read_metadata_file, ".metadata"), (build_config, "config.yaml"), (read_npy_header, "00000.npy"),
     (lambda p: read_labels_file(p, ["a"]), "labels.json"), (read_manifest, "manifest.json"), (npz_keys, "ref.npz"),
 ])
 def test_fifo_is_refused_in_one_line(tmp_path, reader, name):

@@ -68,8 +68,8 @@ def test_plan_refuses_zero_counts(capsys, flag):
 
 def test_non_release_width_takes_the_head_count_it_asks_for(tmp_path):
     """Without model.num_heads the error asks for it; given (as text, as a command line gives it), it is used."""
-    from dit_trainer.config import read_settings
-    from dit_trainer.data.loader import config_with_data
+    from dit_trainer.config import build_config, read_settings
+    from dit_trainer.data.loader import DataShapes
     from dit_trainer.errors import ConfigError
     from dit_trainer.models.dit.model import DiT
     from dit_trainer.train.pretrained import PretrainedShapes
@@ -82,7 +82,7 @@ def test_non_release_width_takes_the_head_count_it_asks_for(tmp_path):
             "--model.weights_path", tmp_path / "w.pt"]
 
     def config(*extra):
-        return config_with_data(read_settings(None, [str(a) for a in (*base, *extra)]), first=PretrainedShapes())[0]
+        return build_config(read_settings(None, [str(a) for a in (*base, *extra)]), shapes=DataShapes(first=PretrainedShapes()))
 
     with pytest.raises(ConfigError, match="set model.num_heads to the one it was trained with"):
         config()

@@ -8,14 +8,14 @@ import yaml
 
 from dit_trainer.checkpoint import save_checkpoint
 from dit_trainer.cli import main
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.models import get_spec
 from dit_trainer.sample.fid_batch import chunk_labels, chunk_seed, rank_chunks
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    cfg = config_from_dict({"model": {"name": "DiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 10,
+    cfg = build_config({"model": {"name": "DiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 10,
                                       "depth": 1, "hidden_size": 32, "num_heads": 2}, "data": {"path": "digits"}})
     torch.manual_seed(0)
     model = get_spec(cfg.model.name).build_model_fn(cfg)

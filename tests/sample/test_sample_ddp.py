@@ -14,12 +14,12 @@ from safetensors.torch import save_file
 
 from dit_trainer.checkpoint import save_checkpoint
 from dit_trainer.cli import main
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.models import get_spec
 
 
 def _files(seed=0):
-    cfg = config_from_dict({"model": {"name": "SiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 4,
+    cfg = build_config({"model": {"name": "SiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 4,
                                       "depth": 1, "hidden_size": 32, "num_heads": 2, "learn_sigma": False},
                             "objective": "transport", "data": {"path": "digits"}})
     torch.manual_seed(seed)
@@ -133,7 +133,7 @@ def test_weights_model_of_a_sharded_checkpoint_samples_the_training_weights(tmp_
     trained, averaged = _files(seed=1), _files(seed=2)
     full = save_checkpoint(tmp_path / "full", 1, {**averaged, "model.safetensors": trained["model.safetensors"]})
     # What a sharded run writes: dcp/ (model, EMA), ema.safetensors and config.yaml, no model.safetensors.
-    model = get_spec("SiT-S/4").build_model_fn(config_from_dict(yaml.safe_load(trained["config.yaml"])))
+    model = get_spec("SiT-S/4").build_model_fn(build_config(yaml.safe_load(trained["config.yaml"])))
     model.load_state_dict(trained["model.safetensors"])
     tmp = begin_checkpoint(tmp_path / "sharded", 1)
     save_sharded(tmp / "dcp", model, ema=argparse.Namespace(state_dict=lambda: averaged["ema.safetensors"]))

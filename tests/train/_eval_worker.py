@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch.distributed as dist  # noqa: E402
 
 from test_eval_during_training import _digits_config  # noqa: E402
-from dit_trainer.config import config_from_dict  # noqa: E402
+from dit_trainer.config import build_config  # noqa: E402
 from dit_trainer.cli import leave_process_group  # noqa: E402
 from dit_trainer.train import DiTTrainer  # noqa: E402
 
@@ -20,7 +20,7 @@ def main():
         cfg = _digits_config(out / layout, 2)
         cfg["parallel"] = {"fsdp": {"dp_shard": 2}, "pp": {"pp": 2, "dp_shard": 1, "pp_microbatches": 2}}[layout]
         cfg["train"]["device"] = "cpu"
-        DiTTrainer(config_from_dict(cfg)).train()
+        DiTTrainer(build_config(cfg)).train()
     leave_process_group()  # frees the finished trainers before the group goes, as `dit` does
 
 

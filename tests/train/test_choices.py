@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.devices import COMPILE_MIN_PARAMS
 from dit_trainer.train.choices import AUTO_COMPILE_MIN_STEPS, resolve_compile
@@ -15,7 +15,7 @@ def _model(n_params):
 
 @pytest.mark.parametrize("choice,expected", [("true", True), ("false", False), (True, True), (False, False)])
 def test_explicit_choice_wins(choice, expected):
-    cfg = config_from_dict({"train": {"compile": choice, "max_steps": 1}})
+    cfg = build_config({"train": {"compile": choice, "max_steps": 1}})
     assert cfg.train.compile == str(choice).lower()
     assert resolve_compile(cfg, _model(4), torch.device("cpu"), has_plan=True) is expected
 
@@ -23,8 +23,8 @@ def test_explicit_choice_wins(choice, expected):
 def test_auto_compiles_only_long_runs_of_big_models(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
     big, small = _model(COMPILE_MIN_PARAMS), _model(COMPILE_MIN_PARAMS - 1)
-    long_run = config_from_dict({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS}})
-    short_run = config_from_dict({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS - 1}})
+    long_run = build_config({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS}})
+    short_run = build_config({"train": {"max_steps": AUTO_COMPILE_MIN_STEPS - 1}})
     assert long_run.train.compile == "auto"
     cpu = torch.device("cpu")
     assert resolve_compile(long_run, big, cpu, has_plan=True)
@@ -37,7 +37,7 @@ def test_auto_compiles_only_long_runs_of_big_models(monkeypatch):
 
 def test_bad_choice_is_one_line():
     with pytest.raises(ConfigError, match="train.compile 'sometimes' is not one of auto|true|false"):
-        config_from_dict({"train": {"compile": "sometimes"}})
+        build_config({"train": {"compile": "sometimes"}})
 
 
 def test_trainer_records_the_decision(tmp_path):
@@ -69,4 +69,4 @@ def test_activation_budget_applies_to_compiled_blocks_without_ac(tmp_path, compi
 @pytest.mark.parametrize("budget", [0, 1.5])
 def test_activation_budget_outside_0_1_is_refused(budget):
     with pytest.raises(ConfigError, match=r"train.activation_memory_budget is .*; it must be a fraction in \(0, 1\]"):
-        config_from_dict({"train": {"activation_memory_budget": budget}})
+        build_config({"train": {"activation_memory_budget": budget}})

@@ -5,19 +5,19 @@ import importlib.util
 
 import pytest
 
-from dit_trainer.config import backend_of, config_from_dict
+from dit_trainer.config import backend_of, build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.train import DiTTrainer, build_trainer
 
 
 def test_backend_defaults_to_torch_and_is_saved():
-    assert config_from_dict({}).backend == "torch"
-    assert config_from_dict({"backend": "mindspore"}).to_dict()["backend"] == "mindspore"
+    assert build_config({}).backend == "torch"
+    assert build_config({"backend": "mindspore"}).to_dict()["backend"] == "mindspore"
     assert backend_of({"backend": "mindspore"}) == "mindspore" and backend_of({}) == "torch"
 
 
 def test_unknown_backend_is_one_line_error():
-    for make in (DiTTrainer, build_trainer, config_from_dict):
+    for make in (DiTTrainer, build_trainer, build_config):
         with pytest.raises(ConfigError, match="backend 'jax' is not one of torch, mindspore"):
             make({"backend": "jax"})
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dit_trainer.cli import main
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.demo import demo_config
 from dit_trainer.errors import DitError
 from dit_trainer.train import DiTTrainer
@@ -33,7 +33,7 @@ def _fid_records(out):
 
 def test_fid_is_logged_every_n_steps_against_the_cached_reference_and_resume_reuses_it(tmp_path):
     out = tmp_path / "run"
-    last = DiTTrainer(config_from_dict(_digits_config(out, 4))).train()
+    last = DiTTrainer(build_config(_digits_config(out, 4))).train()
     fids = _fid_records(out)
     assert [r["step"] for r in fids] == [2, 4]
     assert all(r["fid"] > 0 and r["sfid"] > 0 and 1 <= r["inception_score"] <= 10 for r in fids)
@@ -44,13 +44,13 @@ def test_fid_is_logged_every_n_steps_against_the_cached_reference_and_resume_reu
         assert z["features"].shape == (1797, 64) and str(z["network"]) == "digits"
     stamp = ref.stat().st_mtime_ns
     # Resumed to step 6: the reference is read back, not fitted again; the new step is measured.
-    DiTTrainer(config_from_dict(_digits_config(out, 6))).train()
+    DiTTrainer(build_config(_digits_config(out, 6))).train()
     assert [r["step"] for r in _fid_records(out)] == [2, 4, 6] and ref.stat().st_mtime_ns == stamp
 
 
 def test_the_same_chunks_give_the_same_fid(tmp_path):
     # Labels and seeds belong to chunks, not to the measurement: the same weights measure the same.
-    cfg = config_from_dict(_digits_config(tmp_path / "run", 2))
+    cfg = build_config(_digits_config(tmp_path / "run", 2))
     trainer = DiTTrainer(cfg)
     trainer.train()
     from dit_trainer.train.eval_during_training import TrainingFID
@@ -67,7 +67,7 @@ def test_latent_data_is_measured_with_inception_whose_weights_are_fetched_before
     cfg = run_config(tmp_path, 2, eval={"every": 1, "num_samples": 4})
     # Offline (tests/conftest.py): the Inception weights cannot be fetched, so the run stops at once.
     with pytest.raises(DitError, match="cannot download") as err:
-        DiTTrainer(config_from_dict(cfg)).train()
+        DiTTrainer(build_config(cfg)).train()
     assert "\n" not in str(err.value) and not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -81,7 +81,7 @@ def test_latent_shards_reference_decodes_a_capped_random_subset(tmp_path, tiny_l
            "train": {"max_steps": 1, "global_batch_size": 4, "device": "cpu", "mixed_precision": "fp32"},
            "logging": {"progress": False, "tensorboard": False, "log_steps": 1},
            "eval": {"every": 1, "num_samples": 4, "sample_steps": 2, "network": "digits", "ref_images": 6}}
-    DiTTrainer(config_from_dict(cfg)).train()
+    DiTTrainer(build_config(cfg)).train()
     record = json.loads((tmp_path / "run" / "eval" / "reference.json").read_text())
     assert record["ref_images"] == 6 and record["vae"] == str(vae) and record["network"] == "digits"
     with np.load(tmp_path / "run" / "eval" / "reference.npz") as z:
@@ -103,7 +103,7 @@ def test_two_ranks_measure_what_one_process_measures(tmp_path):
     sys.path.insert(0, str(Path(__file__).parents[1] / "parallel"))
     from _common import launch
 
-    DiTTrainer(config_from_dict(_digits_config(tmp_path / "one", 2))).train()
+    DiTTrainer(build_config(_digits_config(tmp_path / "one", 2))).train()
     one = _fid_records(tmp_path / "one")
     launch(2, Path(__file__).parent / "_eval_worker.py", tmp_path, "fsdp", "pp")
     for layout in ("fsdp", "pp"):

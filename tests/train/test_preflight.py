@@ -4,7 +4,7 @@ before step 1 naming data.vae (and the manifest it came from), not a crash at th
 import pytest
 from trainer_helpers import tiny_config, write_npy_latents
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.data.shards import write_manifest
 from dit_trainer.errors import ConfigError
 from dit_trainer.train import DiTTrainer
@@ -22,7 +22,7 @@ def _manifest_folder(tmp_path, vae):
 
 def test_missing_vae_from_the_manifest_names_both(tmp_path):
     gone = str(tmp_path / "gone_vae")
-    cfg = config_from_dict(tiny_config(tmp_path / "run", data={"path": str(_manifest_folder(tmp_path, gone))},
+    cfg = build_config(tiny_config(tmp_path / "run", data={"path": str(_manifest_folder(tmp_path, gone))},
                                        logging={"image_steps": 4}))
     cfg.data.vae = gone  # what shape_from_data takes from the manifest
     with pytest.raises(ConfigError) as err:
@@ -46,6 +46,6 @@ def test_missing_vae_fails_before_step_1(tmp_path):
 
 def test_hub_id_is_left_to_the_loader(tmp_path):
     pytest.importorskip("diffusers")
-    cfg = config_from_dict(tiny_config(tmp_path / "run", data={"path": str(tmp_path), "vae": "org/some-vae"},
+    cfg = build_config(tiny_config(tmp_path / "run", data={"path": str(tmp_path), "vae": "org/some-vae"},
                                        logging={"image_steps": 4}))
     check_grid_vae(cfg)

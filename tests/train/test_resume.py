@@ -8,7 +8,7 @@ import pytest
 import yaml
 from trainer_helpers import run_config
 
-from dit_trainer.config import config_from_dict, config_yaml
+from dit_trainer.config import build_config, config_yaml
 from dit_trainer.errors import ConfigError
 from dit_trainer.train import DiTTrainer
 from dit_trainer.train.resume import check_same_model
@@ -37,7 +37,7 @@ def test_resume_says_where_from(tmp_path, capsys):
 def _checkpoint(tmp_path, **sections):
     folder = tmp_path / "step-00000002"
     folder.mkdir()
-    (folder / "config.yaml").write_text(config_yaml(config_from_dict(_cfg(tmp_path, 2, **sections))))
+    (folder / "config.yaml").write_text(config_yaml(build_config(_cfg(tmp_path, 2, **sections))))
     return folder
 
 
@@ -49,18 +49,18 @@ def _checkpoint(tmp_path, **sections):
 def test_another_objective_is_refused(tmp_path, old, new, key):
     folder = _checkpoint(tmp_path, **old)
     with pytest.raises(ConfigError) as err:
-        check_same_model(config_from_dict(_cfg(tmp_path, 4, **new)), folder)
+        check_same_model(build_config(_cfg(tmp_path, 4, **new)), folder)
     assert key in str(err.value) and "output_dir" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_changed_optimizer_and_sampling_keys_still_resume(tmp_path):
     folder = _checkpoint(tmp_path)
-    check_same_model(config_from_dict(_cfg(tmp_path, 4, optim={"lr": 3e-4}, logging={"sample_steps": 10})), folder)
+    check_same_model(build_config(_cfg(tmp_path, 4, optim={"lr": 3e-4}, logging={"sample_steps": 10})), folder)
     # A config written before the objective existed is a diffusion run.
     saved = yaml.safe_load((folder / "config.yaml").read_text())
     del saved["objective"], saved["transport"]
     (folder / "config.yaml").write_text(yaml.safe_dump(saved))
-    check_same_model(config_from_dict(_cfg(tmp_path, 4)), folder)
+    check_same_model(build_config(_cfg(tmp_path, 4)), folder)
 
 
 def test_trainer_refuses_another_schedule(tmp_path):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dit_trainer.config import Config
+from dit_trainer.config import Config, build_config
 from dit_trainer.diffusion.objective import DiffusionObjective
 from dit_trainer.errors import ConfigError
 from dit_trainer.models.dit import DiT
@@ -21,7 +21,9 @@ def _transport_cfg(**kw):
 
 
 def test_build_objective_defaults_to_diffusion_and_builds_transport():
-    assert isinstance(build_objective(Config()), DiffusionObjective)
+    assert isinstance(build_objective(build_config({})), DiffusionObjective)
+    with pytest.raises(ConfigError, match="objective auto is resolved when the config is built"):
+        build_objective(Config())  # auto belongs to build_config, which knows the model
     obj = build_objective(_transport_cfg(path_type="GVP", prediction="noise", t_sampler="logit-normal"))
     assert isinstance(obj, TransportObjective) and obj.transport.path_type == "GVP" and obj.learn_sigma
     assert {"diffusion", "transport"} <= set(list_objectives())
@@ -135,7 +137,7 @@ def test_diffusion_sample_respaces_and_is_seeded():
 
 def test_each_objective_names_its_samplers_options_and_guidance_interval():
     transport = build_objective(_transport_cfg(guidance_interval=[0.1, 0.9]))
-    diffusion = build_objective(Config())
+    diffusion = build_objective(build_config({}))
     assert "ode_method" in transport.sampler_option_names("ode") and "sde_method" not in transport.sampler_option_names("ode")
     assert "sde_method" in transport.sampler_option_names("sde") and "atol" not in transport.sampler_option_names("sde")
     assert "eta" in diffusion.sampler_option_names("ddim") and "eta" not in diffusion.sampler_option_names("ddpm")

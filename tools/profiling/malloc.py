@@ -42,12 +42,12 @@ def child(workload: str, mode: str, batches: int) -> dict:
         raise SystemExit("keep_freed_memory had no effect here (not glibc's malloc?)")
     torch.manual_seed(0)
     if workload == "sample":
-        from dit_trainer.config import config_from_dict
+        from dit_trainer.config import build_config
         from dit_trainer.models import get_spec
         from dit_trainer.sample import sample_latents
 
         cfg = {"model": {"name": "DiT-S/2", "input_size": 32, "in_channels": 4, "num_classes": 1000}}
-        model, batch = get_spec("DiT-S/2").build_model_fn(config_from_dict(cfg)).eval(), 32
+        model, batch = get_spec("DiT-S/2").build_model_fn(build_config(cfg)).eval(), 32
         labels = [(207 + 13 * i) % 1000 for i in range(batch)]
 
         def step():

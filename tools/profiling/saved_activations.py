@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 def block_and_inputs(args):
     """The model's first block and (x, c) at the run's shape, as the trainer's forward hands them over."""
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
 
     model = {"name": args.model, "input_size": args.input_size, "in_channels": args.in_channels,
@@ -40,7 +40,7 @@ def block_and_inputs(args):
     for key in ("depth", "hidden_size", "num_heads"):
         if getattr(args, key):
             model[key] = getattr(args, key)
-    cfg = config_from_dict({"output_dir": "unused", "model": model})
+    cfg = build_config({"output_dir": "unused", "model": model})
     spec = get_spec(cfg.model.name)
     torch.manual_seed(0)
     net = spec.build_model_fn(cfg)

@@ -54,9 +54,9 @@ class CheckpointReader:
         """The run's Config from config.yaml, or None for a weights file (which records none)."""
         if self.folder is None:
             return None
-        from dit_trainer.config import load_config
+        from dit_trainer.config import build_config
 
-        return self._read(lambda: load_config(str(self.config_file)))
+        return self._read(lambda: build_config(str(self.config_file)))
 
     @property
     def sharded(self) -> bool:

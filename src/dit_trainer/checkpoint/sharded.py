@@ -332,10 +332,10 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
 
 def _full_trainable_names(path) -> list:
     """Trainable parameter names of the full model described by the checkpoint's config, in order."""
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
 
-    cfg = load_config(str(path / "config.yaml"))
+    cfg = build_config(str(path / "config.yaml"))
     with torch.device("meta"):
         model = get_spec(cfg.model.name).build_model_fn(cfg)
     return [n for n, p in model.named_parameters() if p.requires_grad]

@@ -6,18 +6,15 @@ Torch-free: the MindSpore backend and `dit --help` read configs without importin
 """
 
 from dit_trainer.config.load import (
-    as_config,
     backend_of,
     build_config,
-    config_from_dict,
     config_yaml,
     flatten,
-    load_config,
+    given_keys,
     parse_overrides,
     read_settings,
     save_config,
     set_key,
-    settings_of,
 )
 from dit_trainer.config.schema import (
     RETIRED_KEYS,
@@ -39,6 +36,6 @@ from dit_trainer.transport.config import TransportConfig
 __all__ = [
     "RETIRED_KEYS", "RFC_KEYS", "SECTIONS", "CheckpointConfig", "Config", "DataConfig", "DiffusionConfig",
     "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig", "TransportConfig", "all_keys",
-    "as_config", "backend_of", "build_config", "config_from_dict", "config_yaml", "flatten", "load_config", "parse_overrides",
-    "read_settings", "save_config", "set_key", "settings_of",
+    "backend_of", "build_config", "config_yaml", "flatten", "given_keys", "parse_overrides", "read_settings",
+    "save_config", "set_key",
 ]

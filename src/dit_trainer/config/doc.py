@@ -87,15 +87,15 @@ def config_docs() -> list:
 
 def family_docs() -> list:
     """(family, [FieldDoc]) for each model family's own options, written under `model:` (imports the models)."""
-    from dit_trainer.models.spec import _REGISTRY, _load_families
+    from dit_trainer.models.spec import registered_specs
 
-    _load_families()
+    registry = registered_specs()
     seen, out = set(), []
-    for spec in _REGISTRY.values():
+    for spec in registry.values():
         if spec.config_cls is None or spec.config_cls in seen:
             continue
         seen.add(spec.config_cls)
-        names = [n for n, s in _REGISTRY.items() if s.config_cls is spec.config_cls]
+        names = [n for n, s in registry.items() if s.config_cls is spec.config_cls]
         out.append((f"{spec.family} ({names[0]} ... {names[-1]})", dataclass_docs(spec.config_cls, "model.")))
     return out
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from dit_trainer.config.schema import RETIRED_KEYS, RFC_KEYS, SECTIONS, Config, ModelConfig, all_keys
-from dit_trainer.config.typed import closest_key_error, coerce
+from dit_trainer.typed import closest_key_error, coerce
 from dit_trainer.errors import ConfigError
 
 
@@ -83,7 +83,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def settings_of(config) -> dict:
+def _settings_of(config) -> dict:
     """What the user set, as dotted keys: a Config's values that differ from the defaults (and its
     family options), a nested or flat dict, or a YAML/JSON file's keys."""
     if isinstance(config, Config):
@@ -101,7 +101,14 @@ def settings_of(config) -> dict:
         return read_settings(config)
     if isinstance(config, dict):
         return flatten(config)
+    if config is None:
+        return {}
     raise ConfigError(f"cannot read a config from {type(config).__name__}; pass a Config, dict or YAML path")
+
+
+def given_keys(cfg: Config) -> set:
+    """The dotted keys of a built Config that differ from the defaults (what the planner keeps as set)."""
+    return set(_settings_of(cfg))
 
 
 def _get(cfg, key: str):
@@ -113,22 +120,30 @@ def _get(cfg, key: str):
 Fill = Callable[[Config, frozenset], None]
 
 
-def build_config(settings: dict, fill: Optional[Fill] = None) -> Config:
-    """The checked Config of `settings` (dotted key -> value, applied in order).
+def build_config(source=None, overrides=None, shapes: Optional[Fill] = None) -> Config:
+    """The one way to a checked, resolved Config: from a YAML/JSON path, a nested or flat dict, or a Config.
 
-    `fill(cfg, given)` runs after the values are checked and before the model is: it may set the
-    keys not in `given` (the data's shapes) and raise on a conflict with those that are.
+    `overrides` (`--section.field value` words, or a dict of dotted keys) apply after `source`.
+    `shapes(cfg, given)` (e.g. `data.loader.DataShapes`) runs after the values are checked and
+    before the model is: it may set the keys not in `given` (the data's shapes) and raise on a
+    conflict with those that are. `objective: auto` becomes the model's own here; nothing changes
+    the result afterwards.
     """
     from dit_trainer.config.checks import check_model, check_values
 
+    settings = _settings_of(source)
+    if isinstance(overrides, dict):
+        settings.update(flatten(overrides))
+    elif overrides:
+        settings = _with_overrides(settings, overrides)
     cfg = Config()
     given = set()
     for key, value in settings.items():
         given |= set_key(cfg, key, value)
     given |= _apply_model_file(cfg, given)
     check_values(cfg)
-    if fill is not None:
-        fill(cfg, frozenset(given))
+    if shapes is not None:
+        shapes(cfg, frozenset(given))
     check_model(cfg)
     return cfg
 
@@ -148,11 +163,6 @@ def _apply_model_file(cfg: Config, given: set) -> set:
             applied |= set_key(cfg, f"model.{key}", value)
     cfg.model.config_file = None
     return applied
-
-
-def config_from_dict(d: Optional[dict], fill: Optional[Fill] = None) -> Config:
-    """A checked Config from a nested dict (YAML layout), a flat dotted one, or the RFC's flat dict."""
-    return build_config(flatten(d or {}), fill)
 
 
 def parse_overrides(args: list) -> list:
@@ -177,21 +187,17 @@ def parse_overrides(args: list) -> list:
 
 def read_settings(path=None, overrides=None) -> dict:
     """The dotted settings of a YAML/JSON file (if given) with command-line overrides applied after it."""
-    settings = flatten(_read_file(path)) if path is not None else {}
+    return _with_overrides(flatten(_read_file(path)) if path is not None else {}, overrides)
+
+
+def _with_overrides(settings: dict, overrides) -> dict:
+    settings = dict(settings)
     for key, value in parse_overrides(list(overrides or [])):
         key = RFC_KEYS.get(key, key)
         settings.pop(key, None)  # a later value moves to the end: the command line's order is kept
         # Keep strings like "DiT-S/2" or "1e-4" as typed; coerce() converts them per field.
         settings[key] = yaml.safe_load(value) if value.lower() in ("true", "false", "null", "none") else value
     return settings
-
-
-def load_config(path=None, overrides=None, fill: Optional[Fill] = None) -> Config:
-    """Read a YAML or JSON file (if given), apply command-line overrides on top, build and check.
-
-    A PaddleMIX DiT JSON (`num_layers`, `num_attention_heads`, ...) is read as the model section.
-    """
-    return build_config(read_settings(path, overrides), fill)
 
 
 def _read_file(path) -> dict:
@@ -215,19 +221,14 @@ def backend_of(config) -> str:
     the engine that builds and checks the rest."""
     from dit_trainer.config.checks import ENGINES
 
-    backend = str(settings_of(config).get("backend", "torch"))
+    backend = str(_settings_of(config).get("backend", "torch"))
     if backend not in ENGINES:
         raise ConfigError(f"backend {backend!r} is not one of {', '.join(ENGINES)}")
     return backend
 
 
-def as_config(config, fill: Optional[Fill] = None) -> Config:
-    """A checked Config from a Config, a nested/flat dict, or a YAML path."""
-    return build_config(settings_of(config), fill)
-
-
 def config_yaml(cfg: Config) -> str:
-    """The config as the YAML text that `load_config` reads back."""
+    """The config as the YAML text that `build_config` reads back."""
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
@@ -236,5 +237,5 @@ def save_config(cfg: Config, path) -> None:
     Path(path).write_text(config_yaml(cfg))
 
 
-__all__ = ["as_config", "backend_of", "build_config", "config_from_dict", "config_yaml", "flatten", "load_config",
-           "parse_overrides", "read_settings", "save_config", "set_key", "settings_of"]
+__all__ = ["backend_of", "build_config", "config_yaml", "flatten", "given_keys", "parse_overrides", "read_settings",
+           "save_config", "set_key"]

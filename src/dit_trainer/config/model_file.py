@@ -14,7 +14,7 @@ import yaml
 from dit_trainer.config.paddlemix_json import is_paddlemix_config, model_config_from_paddlemix
 from dit_trainer.errors import ConfigError
 from dit_trainer.fs import check_regular
-from dit_trainer.config.typed import yaml_problem
+from dit_trainer.typed import yaml_problem
 
 EXPECTED = ("our config (a mapping with a model: section, or a bare model section with name:) or a PaddleMIX "
             "DiT JSON (num_layers, num_attention_heads, attention_head_dim, or depth, hidden_size, patch_size)")

@@ -2,7 +2,7 @@
 
 Two spellings occur: diffusers-style (`num_layers`, `num_attention_heads`, `attention_head_dim`,
 `sample_size`, `patch_size`, `in_channels`) and DiT-style (`depth`, `hidden_size`, `num_heads`,
-`input_size`, ...). Either maps to a `model:` section dict that `config_from_dict` accepts.
+`input_size`, ...). Either maps to a `model:` section dict that `build_config` accepts.
 PaddleMIX's `config/LargeDiT_*.json` use the diffusers spelling for its DiT-LLaMA; like PaddleMIX,
 the file name (or a key only that model has) tells them apart, and they map to `LargeDiT-*/2`.
 Its `config/SiT_XL_patch2.json` holds the same keys as the DiT file (SiT is DiT's network trained

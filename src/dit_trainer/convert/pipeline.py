@@ -58,7 +58,7 @@ class DiTPipeline:
         DiTPipeline folder, or a released DiT .pt. `model`: a size name or model config file
         (PaddleMIX DiT JSON, our YAML) for a .pt whose size the tensors do not tell (default: read off them)."""
         from dit_trainer.class_names import imagenet_class_names
-        from dit_trainer.config import config_from_dict
+        from dit_trainer.config import build_config
         from dit_trainer.convert.model_config import CONVENTION_KEYS, build_dit
         from dit_trainer.sample import load_decoder
 
@@ -68,7 +68,7 @@ class DiTPipeline:
         model = build_dit(bundle.model)
         model.load_state_dict(bundle.state_dict, strict=True)
         model.to(device)
-        cfg = config_from_dict({
+        cfg = build_config({
             "model": {k: v for k, v in bundle.model.items() if k not in CONVENTION_KEYS},
             "diffusion": dict(bundle.diffusion),
             "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215},

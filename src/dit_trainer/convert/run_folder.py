@@ -21,7 +21,7 @@ from dit_trainer.config.model_file import is_model_file, load_model_file
 def read_config(path) -> tuple:
     """(Config, convention dict) from a config.yaml; the convention keys are read beside the Config,
     which does not know them yet."""
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
     file = Path(path)
     check_regular(file, ConfigError, "a run's config")
@@ -30,7 +30,7 @@ def read_config(path) -> tuple:
     data = yaml.safe_load(file.read_text()) or {}
     model = dict(data.get("model") or {})
     convention = {k: model.pop(k) for k in CONVENTION_KEYS if k in model}
-    return config_from_dict({**data, "model": model}), convention
+    return build_config({**data, "model": model}), convention
 
 
 def model_dict(cfg, convention=None) -> dict:

@@ -56,7 +56,7 @@ def _source(cfg, dataset) -> str:
 
 
 class DataShapes:
-    """`build_config`'s fill: opens the dataset the config names (unless given one) and takes the
+    """`build_config(source, shapes=DataShapes(...))`: opens the dataset the config names (unless given one) and takes the
     model's shape from it where the user left it out; `.dataset` keeps what it opened for the loader.
 
     `model.in_channels`, `model.input_size`, `model.num_classes` and `data.class_names` come from
@@ -125,17 +125,6 @@ def _labels_fit(cfg, dataset, source: str, count: int, from_weights: bool) -> No
         where = f" (from model.weights_path {cfg.model.weights_path})" if from_weights else ""
         raise ConfigError(f"{source} has label {largest} but the model has {have} classes{where}; set "
                           f"model.num_classes to {largest + 1} or more (the label embedding then starts anew)")
-
-
-def config_with_data(config, dataset=None, first=None):
-    """(checked Config, its dataset or None): `config` (a Config, dict or YAML path) built with the
-    shapes its data records filled in where it sets none, before the config is checked; `first`, a
-    fill run before the data's (see `DataShapes`)."""
-    from dit_trainer.config import build_config, settings_of
-
-    shapes = DataShapes(dataset, first)
-    cfg = build_config(settings_of(config), fill=shapes)
-    return cfg, shapes.dataset
 
 
 class GlobalBatchSampler(Sampler):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.config.typed import build_dataclass, closest_key_error, closest_name
+from dit_trainer.typed import build_dataclass, closest_key_error, closest_name
 
 # The model-config fields every family's constructor takes (the rest are the family's options).
 SHARED_FIELDS = ("input_size", "in_channels", "num_classes", "learn_sigma", "class_dropout_prob")
@@ -97,6 +97,12 @@ def list_specs() -> list[str]:
     """Names of every registered model."""
     _load_families()
     return list(_REGISTRY)
+
+
+def registered_specs() -> dict[str, ModelSpec]:
+    """Every registered model, name -> spec, in registration order (a copy)."""
+    _load_families()
+    return dict(_REGISTRY)
 
 
 def _load_families() -> None:

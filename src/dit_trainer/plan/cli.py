@@ -40,7 +40,7 @@ def add_commands(sub) -> None:
 
 def run(args) -> int:
     """Load the config like dit train, price every layout, print the ranking."""
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
     from dit_trainer.plan.hardware import parse_memory
     from dit_trainer.plan.report import render
@@ -60,7 +60,7 @@ def run(args) -> int:
         overrides = ["--model.input_size", str(args.image_size // 8), *overrides]
     if args.global_batch_size is not None:
         overrides = ["--train.global_batch_size", str(args.global_batch_size), *overrides]
-    cfg = load_config(args.config, overrides)
+    cfg = build_config(args.config, overrides)
     memory = parse_memory(args.gpu_memory) if args.gpu_memory else 0.0
     request = make_request(cfg, args.gpus, args.gpus_per_node or 0, args.hardware, memory)
     plans = plan_layouts(request)

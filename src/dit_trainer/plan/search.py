@@ -2,15 +2,14 @@
 
 from dataclasses import dataclass, field
 
-from dit_trainer.config import settings_of
-from dit_trainer.devices import COMPILE_MIN_PARAMS
+from dit_trainer.config import given_keys
+from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, COMPILE_MIN_PARAMS
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.plan.hardware import load_hardware
 from dit_trainer.plan.layouts import AC_POLICIES, Layout, candidate_layouts
 from dit_trainer.plan.memory import Numerics, rank_memory
 from dit_trainer.plan.timing import Machine, StepTime, step_time
-from dit_trainer.train.choices import AUTO_COMPILE_MIN_STEPS
 
 GIB = 2**30
 
@@ -73,7 +72,7 @@ def make_request(cfg, gpus: int, gpus_per_node: int = 0, hardware="h100", gpu_me
     per_node = gpus_per_node or min(gpus, 8)
     if per_node < 1 or gpus % per_node and gpus > per_node:
         raise ConfigError(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {per_node}")
-    return Request(cfg, gpus, min(per_node, gpus), load_hardware(hardware), gpu_memory_gib, set(settings_of(cfg)))
+    return Request(cfg, gpus, min(per_node, gpus), load_hardware(hardware), gpu_memory_gib, set(given_keys(cfg)))
 
 
 def _choices(request, costs):

@@ -13,7 +13,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, weights
     a model config file (PaddleMIX DiT JSON, our YAML)."""
     from dit_trainer import checkpoint
     from dit_trainer.checkpoint import load_into
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.models import get_spec
 
@@ -35,7 +35,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, weights
         if size % 8:
             raise ConfigError(f"--image-size {size} is not a multiple of 8 (the VAE's downsampling factor)")
         try:
-            cfg = config_from_dict({"model": {"name": model_name, "input_size": size // 8, "num_classes": int(num_classes)},
+            cfg = build_config({"model": {"name": model_name, "input_size": size // 8, "num_classes": int(num_classes)},
                                     "data": {"image_size": size, "vae": DEFAULT_VAE}})
         except ConfigError as err:
             raise ConfigError(f"--model {model_name} --image-size {size}: {err}") from None
@@ -47,9 +47,9 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, weights
 
 def _from_model_file(model_file, image_size=None):
     """Config of a weights file whose model a PaddleMIX JSON / our YAML describes (its classes and size)."""
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
-    cfg = config_from_dict({"model": load_model_file(model_file)})
+    cfg = build_config({"model": load_model_file(model_file)})
     latent = cfg.model.in_channels == 4  # SD's VAE latents; 1 or 3 channels are pixels
     size = int(image_size or cfg.model.input_size * (8 if latent else 1))
     if latent and size != cfg.model.input_size * 8:
@@ -61,9 +61,9 @@ def _from_model_file(model_file, image_size=None):
 
 def _check_same(cfg, model_file, path) -> None:
     """A model file given with a checkpoint folder must describe the model its config.yaml records."""
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
 
-    model = config_from_dict({"model": load_model_file(model_file)}).model
+    model = build_config({"model": load_model_file(model_file)}).model
     want, have = model_dict_of(model), model_dict_of(cfg.model)
     keys = ["name", "input_size", "in_channels", "num_classes", "learn_sigma", *model.options]
     differ = [k for k in keys if str(want.get(k)).lower() != str(have.get(k)).lower()]

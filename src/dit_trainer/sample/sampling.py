@@ -32,16 +32,15 @@ def as_objective(objective_or_cfg, model):
     A `Config`, a `DiffusionConfig` or None (the defaults) is accepted; the model's own
     `learn_sigma` decides whether a learned sigma is there to read.
     """
-    from dit_trainer.config import Config, DiffusionConfig, as_config
+    from dit_trainer.config import Config, DiffusionConfig, build_config
     from dit_trainer.objective import Objective, build_objective
 
     if isinstance(objective_or_cfg, Objective):
         return objective_or_cfg
     if objective_or_cfg is None or isinstance(objective_or_cfg, DiffusionConfig):
-        cfg = Config()
-        cfg.diffusion = objective_or_cfg or DiffusionConfig()
+        cfg = Config(objective="diffusion", diffusion=objective_or_cfg or DiffusionConfig())
     else:
-        cfg = copy.deepcopy(as_config(objective_or_cfg))
+        cfg = copy.deepcopy(build_config(objective_or_cfg))
     cfg.model.learn_sigma = bool(getattr(model, "learn_sigma", cfg.model.learn_sigma))
     return build_objective(cfg)
 

@@ -3,7 +3,7 @@ and whether `train.compile auto` compiles."""
 
 import torch
 
-from dit_trainer.devices import compile_repays
+from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, compile_repays
 from dit_trainer.errors import ConfigError
 
 
@@ -40,10 +40,6 @@ def fused_adamw(device: torch.device, params, sharded: bool):
     kinds = {is_dtensor(p) for p in params}
     return True if device.type == "cuda" and len(kinds) == 1 else None
 
-
-# `train.compile auto` compiles when the run repays the compile: the first per-block compile of a
-# DiT takes about a minute, so short runs stay eager.
-AUTO_COMPILE_MIN_STEPS = 1000
 
 
 def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:

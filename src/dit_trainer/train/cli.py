@@ -2,7 +2,7 @@
 
 Every config key is an option of its section's group, so `dit train --help` lists them all with
 type, default and meaning (read from the config dataclasses: see `config.doc`). Values stay
-strings here; `load_config` types and checks them after the YAML, in command-line order.
+strings here; `build_config` types and checks them after the YAML, in command-line order.
 """
 
 import argparse
@@ -87,12 +87,12 @@ def run(args) -> int:
     overrides = [item for key, value in args.config_pairs for item in (f"--{key}", value)]
     settings = read_settings(args.config, overrides + list(args.overrides))
     if args.print_config:
-        from dit_trainer.config import config_yaml
-        from dit_trainer.data.loader import config_with_data
+        from dit_trainer.config import build_config, config_yaml
+        from dit_trainer.data.loader import DataShapes
         from dit_trainer.train.pretrained import PretrainedShapes
 
         # What the run would use: the weights' and the data's shape where the config sets none.
-        cfg, _ = config_with_data(settings, first=PretrainedShapes())
+        cfg = build_config(settings, shapes=DataShapes(first=PretrainedShapes()))
         print(config_yaml(cfg), end="")
         return 0
     from dit_trainer.host_memory import keep_freed_memory_on

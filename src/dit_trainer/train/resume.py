@@ -202,13 +202,13 @@ def resume_from(checkpointer, cfg, path, is_main: bool, device, apply) -> None:
 
 def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> None:
     """Let optimizer values changed in `cfg` since `path` was written win over the restored ones."""
-    from dit_trainer.config import load_config
+    from dit_trainer.config import build_config
 
     saved = path / "config.yaml"
     if not saved.is_file():
         return
     try:
-        old_cfg = load_config(str(saved))
+        old_cfg = build_config(str(saved))
     except Exception:  # a config of an older version: nothing to compare against
         return
     if is_main and old_cfg.train.global_batch_size != cfg.train.global_batch_size:

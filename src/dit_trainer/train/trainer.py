@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.checkpoint.checkpointer import Checkpointer
-from dit_trainer.config import backend_of, config_yaml, save_config
-from dit_trainer.data.loader import config_with_data
+from dit_trainer.config import backend_of, build_config, config_yaml, save_config
+from dit_trainer.data.loader import DataShapes
 from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import CheckpointError, ConfigError, DataError
 from dit_trainer.fs import write_error_text
@@ -49,7 +49,8 @@ class DiTTrainer:
                               "or `dit train`, which pick the engine the config names")
         # The weights of model.weights_path give the model's shape first, then the data fills the rest.
         pretrained = PretrainedShapes()
-        self.cfg, self.dataset = config_with_data(config, dataset, first=pretrained)
+        shapes = DataShapes(dataset, first=pretrained)
+        self.cfg, self.dataset = build_config(config, shapes=shapes), shapes.dataset
         cfg = self.cfg
         self.device = resolve_device(cfg.train.device)
         if cfg.parallel.layout == "auto":  # dit plan's fastest layout that fits this world size, written into cfg

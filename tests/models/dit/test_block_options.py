@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.models.dit.parallelize import apply_tp, tp_plan
@@ -161,7 +161,7 @@ def test_tp_plan_covers_the_option_layers():
 ])
 def test_bad_options_are_one_line_errors(model, match):
     with pytest.raises(ConfigError, match=match) as err:
-        config_from_dict({"output_dir": "unused", "model": {"name": "DiT-S/2", **model}})
+        build_config({"output_dir": "unused", "model": {"name": "DiT-S/2", **model}})
     assert "\n" not in str(err.value)
 
 

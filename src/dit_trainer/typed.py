@@ -1,6 +1,6 @@
 """Typed values from YAML and the command line: the coercion every config dataclass shares.
 
-Kept apart from `config.py` so that model families can declare their own config dataclasses
+Kept out of `config/` so that model families can declare their own config dataclasses
 (validated the same way) without importing the whole config.
 """
 
