@@ -87,7 +87,7 @@ def tiny_train_losses(tmp_path):
     """Factory: losses(steps, **sections) -> per-step losses of a tiny DiT (or SiT) trained on one fixed batch."""
     import torch
 
-    from dit_trainer.config import config_from_dict
+    from dit_trainer.config import build_config
     from dit_trainer.train import DiTTrainer
 
     def losses(steps, **sections):
@@ -99,7 +99,7 @@ def tiny_train_losses(tmp_path):
         for name, values in sections.items():
             cfg.setdefault(name, {}).update(values) if isinstance(values, dict) else cfg.__setitem__(name, values)
         torch.manual_seed(0)
-        trainer = DiTTrainer(config_from_dict(cfg))
+        trainer = DiTTrainer(build_config(cfg))
         g = torch.Generator().manual_seed(1)
         # Data of small spread: the part of the loss a network can learn shows within a few dozen steps.
         x, y = 0.1 * torch.randn(8, 4, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)
