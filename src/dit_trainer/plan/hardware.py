@@ -91,7 +91,7 @@ def load_hardware(name_or_path) -> Hardware:
 
 def _read_profile(path: Path) -> dict:
     """A profile file's mapping, or a one-line ConfigError naming the file and what is wrong in it."""
-    from dit_trainer.config.typed import yaml_problem
+    from dit_trainer.typed import yaml_problem
     from dit_trainer.fs import check_regular
 
     check_regular(path, ConfigError, "a hardware profile")

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from dit_trainer.config.load import set_key
-from dit_trainer.config.typed import coerce
+from dit_trainer.typed import coerce
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.models import get_spec, list_specs
 from dit_trainer.models.spec import SHARED_FIELDS, family_options
