@@ -38,6 +38,7 @@ class DiffusionConfig:
     sigma_small: bool = False  # fixed small variance when the model does not learn it
     rescale_learned_sigmas: bool = False  # rescale the variance term of the loss (improved DDPM)
     timestep_sampler: str = "uniform"  # uniform | loss-second-moment
+    guidance_interval: Optional[list] = None  # [lo, hi] in 1 - t/(num_timesteps - 1) (0 noise, 1 data); None guides every step
 
 
 @dataclass

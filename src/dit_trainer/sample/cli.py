@@ -45,6 +45,9 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
                    help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode)")
     p.add_argument("--steps", "--num-sampling-steps", type=int, default=None,
                    help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="guide only for normalised times LO <= s <= HI (0 noise, 1 data; diffusion: s = 1 - t/(T-1)); "
+                        "default: the run's diffusion/transport guidance_interval, else every step")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     p.add_argument("--model", default=None, help="model of a weights file: a name such as DiT-XL/2, or a PaddleMIX DiT "
                    "JSON / our YAML model config (then its sample_size and classes are used)")
@@ -68,8 +71,6 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
     t.add_argument("--sde-diffusion-norm", type=float, default=None, help="scale of the SDE diffusion coefficient")
     t.add_argument("--sde-last-step", default=None, choices=("Mean", "Tweedie", "Euler", "None"), help="SDE last step")
     t.add_argument("--sde-last-step-size", type=float, default=None, help="size of the SDE last step")
-    t.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
 
 
 # The flags of the sampler-specific argument group, by dest: the objective says which its sampler takes.
