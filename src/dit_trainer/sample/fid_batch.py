@@ -260,7 +260,7 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
     from tqdm.auto import tqdm
 
     from dit_trainer.sample.decode import to_images
-    from dit_trainer.sample.images import to_uint8
+    from dit_trainer.sample.images import adm_images
     from dit_trainer.sample.sampling import sample_latents
 
     labels = chunk_labels(job.num_samples, run.model.num_classes if classes is None else classes, job.seed)
@@ -278,9 +278,7 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
             latents = sample_latents(run.model, run.objective, y, cfg_scale=job.cfg_scale, sampler=run.sampler,
                                      steps=job.steps, seed=chunk_seed(job.seed, c), device=device,
                                      cfg_channels=job.cfg_channels, compile=compiled, **run.options)
-        images = to_uint8(to_images(latents.float(), *run.decoder))
-        if images.shape[-1] == 1:
-            images = np.repeat(images, 3, axis=-1)  # the FID network reads RGB
+        images = adm_images(to_images(latents.float(), *run.decoder))
         _save_chunk(parts / CHUNK_FMT.format(c), images, y)
         done += len(y)
         bar.set_postfix(img_per_s=f"{done * ranks.world / (time.perf_counter() - t0):.2f}")
@@ -288,7 +286,7 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
 
 def _assemble(job: FidBatchSettings, parts: Path, out: Path, settings: dict) -> None:
     """Join the chunks into the .npz and its preview, then drop the chunks."""
-    from dit_trainer.sample.images import save_grid, save_npz
+    from dit_trainer.sample.images import from_adm_images, save_grid, save_npz
 
     images, y_all = [], []
     for c in rank_chunks(job.num_samples, job.batch_size):
@@ -297,8 +295,7 @@ def _assemble(job: FidBatchSettings, parts: Path, out: Path, settings: dict) -> 
             y_all.append(f["labels"])
     arr = np.concatenate(images)
     save_npz(out, arr, np.concatenate(y_all), settings=settings)
-    save_grid(np.ascontiguousarray(arr[:64].transpose(0, 3, 1, 2)).astype(np.float32) / 127.5 - 1,
-              out.with_suffix(".png"), nrow=8)
+    save_grid(from_adm_images(arr[:64]), out.with_suffix(".png"), nrow=8)
     # The chunks only serve resuming an interrupted run; the .npz now holds them all.
     shutil.rmtree(parts)
     print(f"wrote {len(arr)} samples to {out} (preview {out.with_suffix('.png')})")
