@@ -43,12 +43,14 @@ def test_scores_real_digits_by_their_labels(tmp_path, capsys):
     ds = DigitsDataset(16)
     idx = np.arange(0, 1797, 9)
     images, labels = ds.images[idx].numpy(), ds.labels.numpy()[idx]
-    np.savez(tmp_path / "samples.npz", images=images, labels=labels)
+    from dit_trainer.sample import save_npz
+
+    save_npz(tmp_path / "samples.npz", images, labels)  # as the demo writes it
     assert module.main(["--score", str(tmp_path), "--min", "0.9"]) == 0
     out = capsys.readouterr().out
     assert "held-out" in out and "met" in out
     # The same images asked for as the next digit: the classifier must disagree with nearly all.
-    np.savez(tmp_path / "samples.npz", images=images, labels=(labels + 1) % 10)
+    save_npz(tmp_path / "samples.npz", images, (labels + 1) % 10)
     assert module.score(tmp_path) < 0.1
     assert module.main(["--score", str(tmp_path)]) == 1
     assert module.main(["--score", str(tmp_path), "--min", "0"]) == 0

@@ -64,15 +64,20 @@ def score(folder) -> float:
     """Print how many of `folder`/samples.npz the real-digit classifier labels as asked; the overall share."""
     from dit_trainer.data.digits import classify_images, digits_classifier, load_digit_arrays, upsample_digits
     from dit_trainer.errors import DitError
+    from dit_trainer.sample.images import from_adm_images
 
     path = Path(folder) / "samples.npz"
     if not path.is_file():
         raise Unusable(f"{path} does not exist; run the demo first or pass its output folder")
     try:
         with np.load(path, allow_pickle=False) as npz:
-            if "images" not in npz or "labels" not in npz:
-                raise Unusable(f"{path} needs arrays 'images' and 'labels', has {sorted(npz.files)}")
-            images, labels = npz["images"], npz["labels"].reshape(-1)
+            if "arr_0" not in npz or "arr_1" not in npz:
+                raise Unusable(f"{path} needs the ADM arrays 'arr_0' (images) and 'arr_1' (labels), has "
+                               f"{sorted(npz.files)}; re-run the demo")
+            arr, labels = npz["arr_0"], npz["arr_1"].reshape(-1)
+            if arr.dtype != np.uint8 or arr.ndim != 4:
+                raise Unusable(f"{path}: arr_0 must be uint8 N×H×W×C images, is {arr.dtype} of shape {arr.shape}")
+            images = from_adm_images(arr, channels=1)  # the digits are gray: N×1×S×S in [-1, 1]
     except (OSError, ValueError) as err:
         raise Unusable(f"cannot read {path} ({err}); re-run the demo") from None
     if len(labels) != len(images) or len(images) == 0:
@@ -89,10 +94,7 @@ def score(folder) -> float:
         ceiling = float((classify_images(upsample_digits(real8[held], size), clf) == real_labels[held]).mean())
     except (DitError, ValueError) as err:
         raise Unusable(f"{path}: {err}") from None
-    nonfinite = int((~np.isfinite(images.reshape(len(images), -1))).any(axis=1).sum())
     print(f"{path}: {len(images)} samples, {size}x{size}")
-    if nonfinite:
-        print(f"warning: {nonfinite} samples contain NaN or inf (scored as blanks)")
     print("class  samples  correct  share")
     for c in range(10):
         mask = labels == c

@@ -56,17 +56,14 @@ def main():
 
     from dit_trainer.demo import run_demo
     from dit_trainer.evaluate.evaluator import evaluate
-    from dit_trainer.sample import to_uint8
 
     baselines()
     rows = []
     for steps in args.steps:
         out = pathlib.Path(args.out) / f"steps-{steps}"
         summary = run_demo(out, steps=steps, per_class=args.per_class, progress=False)
-        with np.load(out / "samples.npz") as z:
-            images = to_uint8(z["images"])
-        np.savez(out / "samples_arr0.npz", arr_0=np.repeat(images, 3, axis=3))
-        m = evaluate(out / "samples_arr0.npz", "digits", network="digits", device="cpu", progress=False)
+        # The demo's samples.npz is the ADM format `dit eval` reads.
+        m = evaluate(out / "samples.npz", "digits", network="digits", device="cpu", progress=False)
         m.update(steps=steps, train_seconds=round(summary["train_seconds"]), recognised=summary.get("recognised"))
         rows.append(m)
         print(f"steps {steps}, the demo's grid (guidance 4, class-sorted): FID {m['fid']:.2f}  sFID {m['sfid']:.2f}  "

@@ -62,14 +62,14 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
 
 def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progress=True, objective="diffusion",
              fid_samples=DEMO_FID_SAMPLES) -> dict:
-    """Train (FID at the end), then write samples.png, samples.npz and loss.png into `out`; returns a summary
+    """Train (FID at the end), then write samples.png, samples.npz (ADM format) and loss.png into `out`; returns a summary
     (only `stopped`, `steps` and `train_seconds` when a signal stopped the training)."""
     import numpy as np
     import torch
 
     from dit_trainer.config import build_config
     from dit_trainer.host_memory import keep_freed_memory_on
-    from dit_trainer.sample import sample_latents, save_grid
+    from dit_trainer.sample import sample_latents, save_grid, save_npz
     from dit_trainer.train import DiTTrainer
 
     out = Path(out)
@@ -98,7 +98,8 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
 
     with Image.open(grid) as im:
         im.resize((im.width * 4, im.height * 4), Image.NEAREST).save(grid)
-    np.savez(out / "samples.npz", images=images.numpy(), labels=np.asarray(labels, dtype=np.int64))
+    # The ADM format of every samples .npz (uint8 N×H×W×3 `arr_0`, labels `arr_1`): `dit eval` reads it as is.
+    save_npz(out / "samples.npz", images, np.asarray(labels, dtype=np.int64))
     loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title="dit demo: DiT on scikit-learn digits")
     summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step,
                "already_finished": already_finished}

@@ -103,7 +103,7 @@ def test_missing_or_empty_pipeline_folder_names_it(tmp_path, fmt):
 
 def test_export_with_an_uncached_hub_vae_offline_fails_at_once(ours_dir, tmp_path, offline_hub):
     # The exporters load their VAE through data.vae's loader: one short Hub probe, not ~30 s of retries.
-    from dit_trainer.data import vae as vae_mod
+    from dit_trainer.vae import autoencoder as vae_mod
     from dit_trainer.errors import DitError
 
     with pytest.raises(DitError) as err:

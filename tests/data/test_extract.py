@@ -18,7 +18,7 @@ from dit_trainer.data.extract import run_extract  # noqa: E402
 from dit_trainer.data.images import load_image, to_model_range  # noqa: E402
 from dit_trainer.data.shards import LatentShards, read_manifest  # noqa: E402
 from dit_trainer.data.tools import verify  # noqa: E402
-from dit_trainer.data.vae import decode, encode, load_vae  # noqa: E402
+from dit_trainer.vae.autoencoder import decode, encode, load_vae  # noqa: E402
 from dit_trainer.errors import DataError  # noqa: E402
 
 SIZE = 16

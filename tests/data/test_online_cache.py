@@ -84,7 +84,7 @@ def test_image_folder_trains_loss_for_loss_like_extract_then_reads_its_cache(ass
     def no_vae(*args, **kwargs):
         raise AssertionError("the VAE was loaded for a complete cache")
 
-    monkeypatch.setattr("dit_trainer.data.vae.load_vae", no_vae)
+    monkeypatch.setattr("dit_trainer.vae.autoencoder.load_vae", no_vae)
     assert losses(train_run(tmp_path / "second", assets["images"], **online(assets, cache))) == assets["losses"]
     assert "complete, read as shards" in capsys.readouterr().err
 

@@ -20,7 +20,7 @@ def shards(tiny_latent_shards):
 def _decoded_by_hand(folder, vae_dir):
     """The posterior means of every shard row, unflipped, through the VAE, as uint8 N×H×W×3."""
     from dit_trainer.data.shards import read_manifest
-    from dit_trainer.data.vae import decode, load_vae
+    from dit_trainer.vae.autoencoder import decode, load_vae
 
     m = read_manifest(folder)
     rows = np.concatenate([np.load(folder / f"{s['name']}.npy") for s in m["shards"]])

@@ -42,6 +42,7 @@ class DiffusionConfig:
     timestep_std: float = 1.0  # std s (> 0) of the logit-normal and lognormal timestep samplers
     loss_weighting: str = "none"  # none | min-snr: weigh the MSE term by min(SNR, min_snr_gamma) / SNR (noise prediction) or min(SNR, min_snr_gamma) (predict_xstart); a learned variance's bound term is left as it is
     min_snr_gamma: float = 5.0  # the gamma (> 0) of min-snr loss weighting
+    guidance_interval: Optional[list] = None  # [lo, hi] in 1 - t/(num_timesteps - 1) (0 noise, 1 data); None guides every step
 
 
 @dataclass

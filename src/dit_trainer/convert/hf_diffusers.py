@@ -76,7 +76,7 @@ def load_vae_model(bundle: Bundle):
         raise ConfigError(f"{bundle.source} records no VAE, and a DiTPipeline decodes latents with the one the model "
                           f"was trained with: pass --vae DIR_OR_ID (a model trained on pixels, like the digits demo, "
                           f"has no DiTPipeline form; sample it with dit sample)")
-    from dit_trainer.data.vae import load_vae
+    from dit_trainer.vae.autoencoder import load_vae
 
     with quiet_diffusers():
         vae = load_vae(bundle.vae)

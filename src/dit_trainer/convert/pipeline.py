@@ -94,10 +94,13 @@ class DiTPipeline:
 
     @torch.no_grad()
     def __call__(self, class_labels, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
-                 sampler=None, output_type="pil", progress=False, compile=False):
+                 sampler=None, output_type="pil", progress=False, compile=False, guidance_interval=None):
         """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1].
 
         `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT).
+
+        `guidance_interval=(lo, hi)` guides only for normalised times lo..hi (0 noise, 1 data; see
+        `Objective.guidance_interval`), default the run's config's (None: every step).
 
         `compile=True` compiles the model's forward on the first call (about a minute), for many calls.
         """
@@ -111,7 +114,7 @@ class DiTPipeline:
             seed = _seed_from(generator, (len(labels), self.model.in_channels, size, size))
         samples = sample_latents(self.model, self.cfg, labels, cfg_scale=guidance_scale, sampler=sampler,
                                  steps=int(num_inference_steps), seed=int(seed or 0), device=self.device,
-                                 progress=progress, compile=compile)
+                                 progress=progress, compile=compile, guidance_interval=guidance_interval)
         images = to_images(samples, *self.decoder).cpu()
         if output_type == "np":
             return ((images + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()

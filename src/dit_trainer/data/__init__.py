@@ -1,11 +1,10 @@
-"""Training data: latent datasets in each supported layout, packed shards and VAE extraction,
+"""Training data: latent datasets in each supported layout, packed shards and latent extraction (through `dit_trainer.vae`),
 and the digits for the demo. Names load on first use (torch, diffusers and scikit-learn only
 when needed), so registering `dit extract` and `dit data` does not import torch."""
 
 from dit_trainer.lazy import lazy_exports
 
-# The VAE `dit extract` and `dit train` encode images with unless told another (--vae, data.vae).
-DEFAULT_VAE = "stabilityai/sd-vae-ft-mse"
+from dit_trainer.vae import DEFAULT_VAE  # noqa: F401 (found here by older code)
 
 _LAZY = {
     "DigitsDataset": "digits", "classify_images": "digits", "digits_classifier": "digits",
@@ -14,7 +13,8 @@ _LAZY = {
     "FastDiTFeatures": "latents", "NpyLatentFolder": "latents", "open_latent_dataset": "latents",
     "LatentShards": "shards", "ShardWriter": "shards", "read_manifest": "shards", "write_manifest": "shards",
     "convert": "tools", "verify": "tools",
-    "decode": "vae", "encode": "vae", "load_vae": "vae",
+    "decode": "dit_trainer.vae.autoencoder", "encode": "dit_trainer.vae.autoencoder",
+    "load_vae": "dit_trainer.vae.autoencoder",
 }
 
 

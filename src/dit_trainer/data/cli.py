@@ -65,7 +65,7 @@ def add_commands(subparsers) -> None:
                     "Resumable; under torchrun each rank encodes its own shards.")
     p.add_argument("--data-path", required=True,
                    help="image folder: one sub-folder per class, or a flat folder (label 0)")
-    from dit_trainer.data import DEFAULT_VAE
+    from dit_trainer.vae import DEFAULT_VAE
 
     p.add_argument("--vae", default=DEFAULT_VAE,
                    help="Hub id or save_pretrained folder (default: %(default)s)")

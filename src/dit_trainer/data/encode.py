@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from dit_trainer.data.images import to_model_range
-from dit_trainer.data.vae import encode
+from dit_trainer.vae.autoencoder import encode
 
 # Images per VAE call: `dit extract`'s --batch-size default, so the cache holds extract's bytes.
 ENCODE_BATCH = 32

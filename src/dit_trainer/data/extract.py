@@ -24,7 +24,7 @@ from tqdm import tqdm
 from dit_trainer.data import shards as sh
 from dit_trainer.data.encode import encode_rows
 from dit_trainer.data.images import ImageFiles, list_image_folder
-from dit_trainer.data.vae import latent_shape, load_vae, resolve_dtype, scaling
+from dit_trainer.vae.autoencoder import latent_shape, load_vae, resolve_dtype, scaling
 from dit_trainer.errors import DataError
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 

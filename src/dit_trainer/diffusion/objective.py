@@ -129,6 +129,16 @@ class DiffusionObjective(Objective):
         except ValueError as err:
             raise ConfigError(f"--steps {steps} does not work with {sampler} ({err}); try 25, 50, 100 or 250") from None
 
+    def normalised_time(self, t):
+        """1 - t / (T - 1) for base-process timestep t of T: 0 at the noisiest step, 1 at the cleanest
+        (the network always sees base timesteps, respaced or not), as transport's t runs."""
+        total = getattr(self.diffusion, "original_num_steps", self.diffusion.num_timesteps)
+        return 1 - t.float() / max(total - 1, 1)
+
+    def configured_guidance_interval(self):
+        """The `diffusion:` section's `guidance_interval` (None: guide every step)."""
+        return getattr(getattr(self.cfg, "diffusion", None), "guidance_interval", None)
+
     def sampler_option_names(self, sampler) -> tuple:
         """clip_denoised and generator; ddim takes eta too."""
         return _OPTIONS[self.check_sampler(sampler)]

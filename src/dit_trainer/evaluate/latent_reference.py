@@ -43,8 +43,8 @@ def latent_decoder(dataset, vae=None, scaling_factor=None, vae_dtype="fp32", dev
         def decode(x):
             return x.to(device).float().clamp(-1, 1)
     else:
-        from dit_trainer.data.vae import decode as vae_decode
-        from dit_trainer.data.vae import load_vae
+        from dit_trainer.vae.autoencoder import decode as vae_decode
+        from dit_trainer.vae.autoencoder import load_vae
 
         model = load_vae(name, vae_dtype, device)
         # The factor the latents were multiplied by: the dataset's record wins, as for sampling.

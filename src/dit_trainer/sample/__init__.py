@@ -12,7 +12,8 @@ from dit_trainer.sample.loading import load_model
 
 _LAZY = {
     "add_commands": "cli", "run": "cli",
-    "save_grid": "images", "save_npz": "images", "to_uint8": "images",
+    "save_grid": "images", "save_npz": "images", "to_uint8": "images", "adm_images": "images",
+    "from_adm_images": "images",
     "IMAGENET_DEMO_LABELS": "sampling", "as_objective": "sampling", "default_classes": "sampling",
     "guided_model_fn": "sampling", "has_null_class": "sampling", "sample_grid": "sampling",
     "sample_latents": "sampling",

@@ -45,6 +45,9 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
                    help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode)")
     p.add_argument("--steps", "--num-sampling-steps", type=int, default=None,
                    help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="guide only for normalised times LO <= s <= HI (0 noise, 1 data; diffusion: s = 1 - t/(T-1)); "
+                        "default: the run's diffusion/transport guidance_interval, else every step")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     p.add_argument("--model", default=None, help="model of a weights file: a name such as DiT-XL/2, or a PaddleMIX DiT "
                    "JSON / our YAML model config (then its sample_size and classes are used)")
@@ -54,6 +57,9 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
     p.add_argument("--vae-dtype", choices=("fp32", "bf16"), default="fp32", help="VAE compute dtype")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --npz (and its preview .png) that is not this command's batch of the same "
+                        "settings; without it such a file is refused, and a finished batch of the same settings is done")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
                    help="torch.compile the model's forward first (about a minute once); auto: when the run makes "
@@ -68,8 +74,6 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
     t.add_argument("--sde-diffusion-norm", type=float, default=None, help="scale of the SDE diffusion coefficient")
     t.add_argument("--sde-last-step", default=None, choices=("Mean", "Tweedie", "Euler", "None"), help="SDE last step")
     t.add_argument("--sde-last-step-size", type=float, default=None, help="size of the SDE last step")
-    t.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="guide only for transport times LO <= t <= HI (0 noise, 1 data)")
 
 
 # The flags of the sampler-specific argument group, by dest: the objective says which its sampler takes.
@@ -137,6 +141,17 @@ def check_cfg_channels(args, model) -> None:
     if args.cfg_channels is not None and args.cfg_channels > model.in_channels:
         raise ConfigError(f"--cfg-channels {args.cfg_channels} exceeds the model's {model.in_channels} channels; "
                           f"pass 1..{model.in_channels} or leave it out (all channels)")
+
+
+def fid_settings(args):
+    """The `fid_batch.FidBatchSettings` of the --npz flags (`dit sample` samples in fp32)."""
+    from dit_trainer.sample.fid_batch import FidBatchSettings
+
+    return FidBatchSettings(
+        npz=args.npz, ckpt=args.ckpt, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed,
+        steps=args.steps, cfg_scale=args.cfg_scale, cfg_channels=args.cfg_channels, dtype=getattr(args, "dtype", "fp32"),
+        weights=args.weights, vae=args.vae, vae_dtype=args.vae_dtype, progress=not args.no_progress,
+        overwrite=args.overwrite)
 
 
 def load_sampling_model(args, ckpt):
@@ -213,7 +228,7 @@ def run(args) -> int:
     batches = (len(rank_chunks(args.num_samples, args.batch_size)) if args.npz else 0) + int(grid)
     compiled = resolve_sample_compile(args.compile, model, batches, args.steps, device)
     if args.npz:
-        write_fid_batch(args, reader, sampling, compiled, classes=labels)
+        write_fid_batch(fid_settings(args), reader, sampling, compiled, classes=labels)
     if grid:
         if labels is None:
             labels = IMAGENET_DEMO_LABELS if num_classes == 1000 else default_classes(num_classes)

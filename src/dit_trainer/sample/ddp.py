@@ -81,7 +81,7 @@ def run(args) -> int:
     from dit_trainer import checkpoint
     from dit_trainer.devices import resolve_device
     from dit_trainer.host_memory import keep_freed_memory_on
-    from dit_trainer.sample.cli import check_args, load_vae, prepare_sampling
+    from dit_trainer.sample.cli import check_args, fid_settings, load_vae, prepare_sampling
     from dit_trainer.sample.compile import resolve_sample_compile
     from dit_trainer.sample.fid_batch import rank_chunks, write_fid_batch
 
@@ -104,5 +104,5 @@ def run(args) -> int:
     # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
     share = rank_chunks(args.num_samples, args.batch_size, ranks.rank, ranks.world)
     compiled = resolve_sample_compile(args.compile, sampling.model, len(share), args.steps, device)
-    write_fid_batch(args, reader, sampling, compiled, ranks)
+    write_fid_batch(fid_settings(args), reader, sampling, compiled, ranks)
     return 0

@@ -3,7 +3,7 @@ manifest), or nothing for pixel models such as the digits demo."""
 
 import os
 
-from dit_trainer.data import DEFAULT_VAE
+from dit_trainer.vae import DEFAULT_VAE
 from dit_trainer.errors import ConfigError, DitError
 _VAE_CACHE: dict = {}
 
@@ -54,7 +54,7 @@ def load_decoder(cfg, vae=None, device="cpu", dtype="fp32"):
     name, scaling_factor, shift_factor = source
     key = (name, str(device), str(dtype))
     if key not in _VAE_CACHE:
-        from dit_trainer.data.vae import load_vae
+        from dit_trainer.vae.autoencoder import load_vae
 
         _VAE_CACHE.clear()  # one resident VAE is plenty; the trainer asks for the same one every time
         _VAE_CACHE[key] = load_vae(name, dtype, device)
@@ -65,7 +65,7 @@ def decode(samples, vae=None, scaling_factor=None, shift_factor=None):
     """Images in [-1, 1], N×C×H×W float32: VAE-decoded latents, or the samples themselves for pixel models."""
     if vae is None:
         return samples.float().clamp(-1, 1)
-    from dit_trainer.data.vae import decode as vae_decode
+    from dit_trainer.vae.autoencoder import decode as vae_decode
 
     return vae_decode(vae, samples, scaling_factor, shift_factor).float()
 

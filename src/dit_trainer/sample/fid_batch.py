@@ -6,20 +6,50 @@ and its own labels (a seeded permutation of the classes repeated, so every class
 Rank r of W samples chunks r, r + W, ...; each finished chunk is a file (in `NPZ.parts/`, removed once
 the .npz is written), so an interrupted run (or one relaunched on another number of ranks, or by the
 other command) samples only what is missing, and the result depends on neither.
+
+It replaces nothing it did not write: an existing .npz (or preview .png) that is not its own finished
+work of the same settings is refused in one line unless `overwrite`; its own finished work of the same
+settings is reported as done. More samples are not appended to a finished batch, since every chunk's
+labels depend on the number of samples: that is a refusal too. One writer per .npz: a second one at
+once is refused (an advisory lock in `NPZ.parts/`).
 """
 
+import dataclasses
+import errno
 import json
 import os
 import shutil
 import time
 from collections import namedtuple
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from dit_trainer.errors import ConfigError
 
 CHUNK_FMT = "chunk-{:06d}.npz"
+LOCK_NAME = ".writer.lock"
+
+
+@dataclasses.dataclass(frozen=True)
+class FidBatchSettings:
+    """What an FID batch is asked for: the target, the checkpoint as named, and the values the samples depend on."""
+
+    npz: str
+    ckpt: str
+    num_samples: int = 50000
+    batch_size: int = 32
+    seed: int = 0
+    steps: Optional[int] = None
+    cfg_scale: float = 1.5
+    cfg_channels: Optional[int] = None
+    dtype: str = "fp32"  # network precision: fp32 or bf16
+    weights: str = "ema"
+    vae: Optional[str] = None
+    vae_dtype: str = "fp32"
+    progress: bool = True
+    overwrite: bool = False  # replace an .npz / preview this writer did not write, or wrote with other settings
 
 # (rank, world size, barrier, from_rank0): from_rank0(x) gives every rank rank 0's x.
 Ranks = namedtuple("Ranks", "rank world barrier from_rank0")
@@ -52,6 +82,12 @@ def _same_path(value):
 _RESUME_KEYS = ("weights", "ckpt_manifest", "vae", "vae_dtype", "image_size", "num_classes")
 
 
+def differences(old: dict, settings: dict) -> list:
+    """"key OLD then, NEW now" for each setting that differs (settings compared as JSON holds them)."""
+    new = json.loads(json.dumps(settings))
+    return [f"{k} {old.get(k)!r} then, {new.get(k)!r} now" for k in {**old, **new} if old.get(k) != new.get(k)]
+
+
 def check_resume(parts: Path, old: dict, settings: dict, ckpt_arg):
     """Why the chunks in `parts` (recorded as `old`) cannot be continued with `settings`, in one line, or None."""
     if any(k not in old for k in _RESUME_KEYS):
@@ -66,8 +102,7 @@ def check_resume(parts: Path, old: dict, settings: dict, ckpt_arg):
         # Same folder name, other files: a run restarted into the same output_dir wrote this step again.
         return (f"{parts} holds chunks sampled from {settings['ckpt']} before it was rewritten (its manifest.json "
                 f"differs); delete {parts} or pass another --npz")
-    differ = [f"{k} {old.get(k)!r} then, {settings.get(k)!r} now" for k in {**old, **settings}
-              if old.get(k) != settings.get(k)]
+    differ = differences(old, settings)
     if differ:
         return (f"{parts} holds chunks of an unfinished run with other settings ({'; '.join(differ)}); rerun with "
                 f"those settings to finish it, delete {parts}, or pass another --npz")
@@ -75,105 +110,192 @@ def check_resume(parts: Path, old: dict, settings: dict, ckpt_arg):
 
 
 def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         np.savez(f, images=images, labels=labels)
     os.replace(tmp, path)
 
 
-def _settings(args, reader, run, classes) -> dict:
-    """What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the flags
+def _settings(job: FidBatchSettings, reader, run, classes) -> dict:
+    """What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the settings
     that change them; image size and classes as the model got them (the flags matter for weights files only)."""
-    settings = {"ckpt": str(reader.path), "ckpt_manifest": reader.manifest_digest(), "weights": args.weights,
+    settings = {"ckpt": str(reader.path), "ckpt_manifest": reader.manifest_digest(), "weights": job.weights,
                 "model": run.cfg.model.name, "image_size": run.cfg.data.image_size, "num_classes": run.model.num_classes,
-                "vae": _same_path(args.vae), "vae_dtype": args.vae_dtype,
+                "vae": _same_path(job.vae), "vae_dtype": job.vae_dtype,
                 "objective": run.objective.name, "sampler": run.sampler,
-                "steps": args.steps, "cfg_scale": args.cfg_scale, "cfg_channels": args.cfg_channels,
-                "dtype": getattr(args, "dtype", "fp32"), "seed": args.seed, "num_samples": args.num_samples,
-                "batch_size": args.batch_size,
+                "steps": job.steps, "cfg_scale": job.cfg_scale, "cfg_channels": job.cfg_channels,
+                "dtype": job.dtype, "seed": job.seed, "num_samples": job.num_samples,
+                "batch_size": job.batch_size,
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in run.options.items()}}
     if classes is not None:  # only when chosen, so records of all classes read as before
         settings["classes"] = [int(c) for c in classes]
     return settings
 
 
-def _open_parts(parts: Path, settings: dict, ckpt_arg, ranks) -> None:
-    """Rank 0 checks the record of an unfinished run and writes this one's; every rank stops on a refusal."""
-    refused = None
+def recorded_settings(path: Path):
+    """The settings an .npz of this writer records, or None for any other file (never unpickled)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "settings" not in f.files or "arr_0" not in f.files:
+                return None
+            old = json.loads(str(f["settings"]))
+    except (OSError, ValueError, UnicodeDecodeError, EOFError):
+        return None
+    return old if isinstance(old, dict) else None
+
+
+def check_target(out: Path, settings: dict, overwrite: bool):
+    """("done", line) when `out` is this writer's finished batch of `settings`; ("refuse", line) when `out` or its
+    preview is something else and `overwrite` is off; (None, None) to go on."""
+    preview = out.with_suffix(".png")
+    old = recorded_settings(out) if out.exists() else None
+    if old is not None and not differences(old, settings):
+        return "done", (f"{out} already holds the {settings['num_samples']} samples of these settings; nothing to do "
+                        f"(pass --overwrite to sample them again)")
+    if overwrite:
+        return None, None
+    if old is not None:
+        more = (" (more samples are not appended: every chunk's labels depend on --num-samples)"
+                if old.get("num_samples") != settings["num_samples"] else "")
+        return "refuse", (f"--npz {out} holds a finished batch of other settings ({'; '.join(differences(old, settings))})"
+                          f"{more}; pass --overwrite to replace it, or another --npz")
+    if out.exists() or out.is_symlink():
+        return "refuse", (f"--npz {out} already exists and is not a batch this command wrote; pass --overwrite to "
+                          f"replace it, or another --npz")
+    if preview.exists() or preview.is_symlink():
+        return "refuse", (f"{preview} (where the --npz preview goes) already exists; pass --overwrite to replace it, "
+                          f"or another --npz")
+    return None, None
+
+
+def _lock(parts: Path, out: Path):
+    """An open file descriptor holding the advisory lock of `parts`; a ConfigError naming `out` when another holds it."""
+    import fcntl
+
+    fd = os.open(parts / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ConfigError(f"--npz {out} is being written by another dit sample or sample-ddp right now; wait for "
+                              f"it to finish (then rerun to see it done) or pass another --npz") from None
+        return None  # a file system without flock: go on unlocked, as before
+    return fd
+
+
+def _unlock(fd) -> None:
+    if fd is not None:
+        os.close(fd)  # closing drops the flock
+
+
+def _open_parts(parts: Path, out: Path, settings: dict, job: FidBatchSettings, ranks):
+    """Rank 0 checks the target and the record of an unfinished run, takes the writer's lock and writes this
+    run's record; every rank gets the same outcome: "done", a refusal (raised), or the lock (rank 0) to go on."""
+    state, line, fd = None, None, None
     if ranks.rank == 0:
-        parts.mkdir(parents=True, exist_ok=True)
-        record = parts / "settings.json"
-        if record.is_file():
+        state, line = check_target(out, settings, job.overwrite)
+        if state is None:
             try:
-                old = json.loads(record.read_text())
-                if not isinstance(old, dict):
-                    raise ValueError
-            except (ValueError, UnicodeDecodeError):
-                old = None
-                refused = f"{record} is damaged; delete {parts} (its chunks cannot be checked) or pass another --npz"
-            if old is not None:
-                refused = check_resume(parts, old, settings, ckpt_arg)
-        if refused is None:
-            tmp = record.with_name(record.name + ".tmp")
-            tmp.write_text(json.dumps(settings, indent=1))
-            os.replace(tmp, record)
+                parts.mkdir(parents=True, exist_ok=True)
+                fd = _lock(parts, out)
+                state, line = _check_record(parts, settings, job.ckpt)
+            except ConfigError as err:
+                state, line = "refuse", str(err)
+            if state == "refuse":
+                _unlock(fd)
     # Decided once and told to every rank, so all of them stop with the same line instead of waiting on rank 0.
-    refused = ranks.from_rank0(refused)
-    if refused:
-        raise ConfigError(refused)
+    state, line = ranks.from_rank0((state, line))
+    if state == "refuse":
+        raise ConfigError(line)
+    if state == "done" and ranks.rank == 0:
+        print(line)
+    return state, fd
 
 
-def write_fid_batch(args, reader, run, compiled=False, ranks=ONE_PROCESS, classes=None) -> Path:
-    """Sample this rank's missing chunks of `args.npz`, then (rank 0) assemble the .npz and a preview PNG.
+def _check_record(parts: Path, settings: dict, ckpt_arg):
+    """("refuse", line) when `parts` holds chunks that cannot be continued; else records `settings` there."""
+    record = parts / "settings.json"
+    if record.is_file():
+        try:
+            old = json.loads(record.read_text())
+            if not isinstance(old, dict):
+                raise ValueError
+        except (ValueError, UnicodeDecodeError):
+            return "refuse", f"{record} is damaged; delete {parts} (its chunks cannot be checked) or pass another --npz"
+        refused = check_resume(parts, old, settings, ckpt_arg)
+        if refused:
+            return "refuse", refused
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps(settings, indent=1))
+    os.replace(tmp, record)
+    return None, None
+
+
+def write_fid_batch(job: FidBatchSettings, reader, run, compiled=False, ranks=ONE_PROCESS, classes=None) -> Path:
+    """Sample this rank's missing chunks of `job.npz`, then (rank 0) assemble the .npz and a preview PNG.
 
     `reader` is the `checkpoint.open` reader of the model; `run` holds model, cfg, objective, sampler,
     options (the sampler's), decoder and device; `classes` limits the labels to those ids."""
+    out = Path(job.npz)
+    parts = out.with_name(out.name + ".parts")
+    settings = _settings(job, reader, run, classes)
+    state, fd = _open_parts(parts, out, settings, job, ranks)
+    if state == "done":
+        return out
+    try:
+        _sample_chunks(job, run, parts, settings, compiled, ranks, classes)
+        ranks.barrier()
+        if ranks.rank == 0:
+            _assemble(job, parts, out, settings)
+    finally:
+        _unlock(fd)
+    ranks.barrier()
+    return out
+
+
+def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
+    """Sample and save this rank's chunks that are not on disk yet."""
     import torch
     from tqdm.auto import tqdm
 
     from dit_trainer.sample.decode import to_images
-    from dit_trainer.sample.images import save_grid, save_npz, to_uint8
+    from dit_trainer.sample.images import adm_images
     from dit_trainer.sample.sampling import sample_latents
 
-    out = Path(args.npz)
-    parts = out.with_name(out.name + ".parts")
-    settings = _settings(args, reader, run, classes)
-    _open_parts(parts, settings, args.ckpt, ranks)
-
-    labels = chunk_labels(args.num_samples, run.model.num_classes if classes is None else classes, args.seed)
-    todo = [c for c in rank_chunks(args.num_samples, args.batch_size, ranks.rank, ranks.world)
+    labels = chunk_labels(job.num_samples, run.model.num_classes if classes is None else classes, job.seed)
+    todo = [c for c in rank_chunks(job.num_samples, job.batch_size, ranks.rank, ranks.world)
             if not (parts / CHUNK_FMT.format(c)).is_file()]
     device = run.device
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if settings["dtype"] == "bf16"
            else torch.autocast(device.type, enabled=False))
     desc = "sample" if ranks.world == 1 else f"sample rank {ranks.rank}"
-    bar = tqdm(todo, desc=desc, disable=args.no_progress or ranks.rank != 0, dynamic_ncols=True)
+    bar = tqdm(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
     done, t0 = 0, time.perf_counter()
     for c in bar:
-        y = labels[c * args.batch_size:(c + 1) * args.batch_size]
+        y = labels[c * job.batch_size:(c + 1) * job.batch_size]
         with amp:
-            latents = sample_latents(run.model, run.objective, y, cfg_scale=args.cfg_scale, sampler=run.sampler,
-                                     steps=args.steps, seed=chunk_seed(args.seed, c), device=device,
-                                     cfg_channels=args.cfg_channels, compile=compiled, **run.options)
-        images = to_uint8(to_images(latents.float(), *run.decoder))
-        if images.shape[-1] == 1:
-            images = np.repeat(images, 3, axis=-1)  # the FID network reads RGB
+            latents = sample_latents(run.model, run.objective, y, cfg_scale=job.cfg_scale, sampler=run.sampler,
+                                     steps=job.steps, seed=chunk_seed(job.seed, c), device=device,
+                                     cfg_channels=job.cfg_channels, compile=compiled, **run.options)
+        images = adm_images(to_images(latents.float(), *run.decoder))
         _save_chunk(parts / CHUNK_FMT.format(c), images, y)
         done += len(y)
         bar.set_postfix(img_per_s=f"{done * ranks.world / (time.perf_counter() - t0):.2f}")
-    ranks.barrier()
-    if ranks.rank == 0:
-        images, y_all = [], []
-        for c in rank_chunks(args.num_samples, args.batch_size):
-            with np.load(parts / CHUNK_FMT.format(c)) as f:
-                images.append(f["images"])
-                y_all.append(f["labels"])
-        arr = np.concatenate(images)
-        save_npz(out, arr, np.concatenate(y_all), settings=settings)
-        save_grid(np.ascontiguousarray(arr[:64].transpose(0, 3, 1, 2)).astype(np.float32) / 127.5 - 1,
-                  out.with_suffix(".png"), nrow=8)
-        # The chunks only serve resuming an interrupted run; the .npz now holds them all.
-        shutil.rmtree(parts)
-        print(f"wrote {len(arr)} samples to {out} (preview {out.with_suffix('.png')})")
-    ranks.barrier()
-    return out
+
+
+def _assemble(job: FidBatchSettings, parts: Path, out: Path, settings: dict) -> None:
+    """Join the chunks into the .npz and its preview, then drop the chunks."""
+    from dit_trainer.sample.images import from_adm_images, save_grid, save_npz
+
+    images, y_all = [], []
+    for c in rank_chunks(job.num_samples, job.batch_size):
+        with np.load(parts / CHUNK_FMT.format(c)) as f:
+            images.append(f["images"])
+            y_all.append(f["labels"])
+    arr = np.concatenate(images)
+    save_npz(out, arr, np.concatenate(y_all), settings=settings)
+    save_grid(from_adm_images(arr[:64]), out.with_suffix(".png"), nrow=8)
+    # The chunks only serve resuming an interrupted run; the .npz now holds them all.
+    shutil.rmtree(parts)
+    print(f"wrote {len(arr)} samples to {out} (preview {out.with_suffix('.png')})")

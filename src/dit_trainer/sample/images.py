@@ -1,4 +1,5 @@
-"""Images to files: PNG grids and ADM-style `.npz` batches."""
+"""Images to files: PNG grids and ADM-style `.npz` batches (the one format of every `.npz` of samples:
+`arr_0` uint8 N×H×W×3, `arr_1` int64 labels)."""
 
 import math
 import os
@@ -22,6 +23,18 @@ def to_uint8(images) -> np.ndarray:
     return x.permute(0, 2, 3, 1).contiguous().numpy()
 
 
+def adm_images(images) -> np.ndarray:
+    """The ADM evaluator's images: uint8 N×H×W×3 from float N×C×H×W in [-1, 1] or uint8 N×H×W×C;
+    one-channel images are repeated into RGB, since the FID networks read three channels."""
+    arr = to_uint8(images)
+    return np.repeat(arr, 3, axis=-1) if arr.shape[-1] == 1 else arr
+
+
+def from_adm_images(arr: np.ndarray, channels: int = 3) -> np.ndarray:
+    """float32 N×`channels`×H×W in [-1, 1] from ADM uint8 N×H×W×3 (channels=1 keeps the first, for gray images)."""
+    return np.ascontiguousarray(arr[..., :channels].transpose(0, 3, 1, 2)).astype(np.float32) / 127.5 - 1
+
+
 def save_grid(images, path, nrow=8, padding=2):
     """Write images as one PNG, `nrow` per row with black `padding` (torchvision's make_grid layout)."""
     from PIL import Image
@@ -43,9 +56,9 @@ def save_grid(images, path, nrow=8, padding=2):
     return path
 
 
-def save_npz(path, images: np.ndarray, labels: np.ndarray, settings=None):
-    """Write arr_0 (images), arr_1 (labels) and, if given, `settings` (a JSON string) to `path`
-    atomically; returns the path."""
+def save_npz(path, images, labels, settings=None):
+    """Write arr_0 (`adm_images(images)`), arr_1 (labels) and, if given, `settings` (as a JSON string) to
+    `path` atomically; returns the path."""
     import json
 
     path = Path(path)
@@ -53,6 +66,6 @@ def save_npz(path, images: np.ndarray, labels: np.ndarray, settings=None):
     tmp = path.with_name(path.name + ".tmp")
     extra = {"settings": np.array(json.dumps(settings))} if settings is not None else {}
     with open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz" to the name
-        np.savez(f, arr_0=images, arr_1=labels.astype(np.int64), **extra)
+        np.savez(f, arr_0=adm_images(images), arr_1=np.asarray(labels).astype(np.int64), **extra)
     os.replace(tmp, path)
     return path

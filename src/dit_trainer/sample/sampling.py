@@ -45,27 +45,25 @@ def as_objective(objective_or_cfg, model):
     return build_objective(cfg)
 
 
-def guided_model_fn(model, y, cfg_scale=4.0, cfg_channels=None, interval=None):
+def guided_model_fn(model, y, cfg_scale=4.0, cfg_channels=None, interval=None, objective=None):
     """(model_fn, model_kwargs, doubled): the model with classifier-free guidance on a doubled batch.
 
-    With guidance the batch holds the labels then as many null labels; `doubled` says so.
-    `interval=(lo, hi)` guides only for transport times lo <= t <= hi (0 noise, 1 data).
+    With guidance the batch holds the labels then as many null labels; `doubled` says so. The guided
+    function is the objective's (`Objective.guided_model_fn`); `interval=(lo, hi)` guides only for
+    normalised times lo <= t <= hi (0 noise, 1 data) and needs `objective`.
     """
+    from dit_trainer.objective import Objective
+
     y = torch.as_tensor(y)
     if float(cfg_scale) == 1.0:
         return model, {"y": y}, False
     if not has_null_class(model):
         raise ConfigError("this model was trained without label dropout, so it has no null class; use --cfg-scale 1")
     doubled_y = torch.cat([y, torch.full_like(y, model.num_classes)])
-    if interval is not None:
-        from dit_trainer.transport.guidance import cfg_model_fn
-
-        channels = "release" if cfg_channels is None else int(cfg_channels)
-        return cfg_model_fn(model, float(cfg_scale), interval=interval, cfg_channels=channels), {"y": doubled_y}, True
-    kwargs = {"y": doubled_y, "cfg_scale": float(cfg_scale)}
-    if cfg_channels is not None:
-        kwargs["cfg_channels"] = int(cfg_channels)
-    return model.forward_with_cfg, kwargs, True
+    if interval is not None and objective is None:
+        raise ConfigError("a guidance interval needs the objective whose time it is in; pass objective=")
+    fn = (objective or Objective()).guided_model_fn(model, cfg_scale, cfg_channels, interval)
+    return fn, {"y": doubled_y}, True
 
 
 @torch.no_grad()
@@ -94,7 +92,7 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     interval = objective.guidance_interval(options.pop("guidance_interval", None))
-    fn, kwargs, doubled = guided_model_fn(model, y.to(device), cfg_scale, cfg_channels, interval)
+    fn, kwargs, doubled = guided_model_fn(model, y.to(device), cfg_scale, cfg_channels, interval, objective)
     if doubled:
         z = torch.cat([z, z])
     was_training = model.training

@@ -42,7 +42,7 @@ def check_grid_vae(cfg) -> None:
     diffusers is missing; a Hub id is checked when it is loaded."""
     if not cfg.logging.image_steps:
         return
-    from dit_trainer.data.vae import looks_like_path
+    from dit_trainer.vae.autoencoder import looks_like_path
     from dit_trainer.sample.decode import data_manifest, vae_source
 
     source = vae_source(cfg)

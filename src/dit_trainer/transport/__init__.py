@@ -9,7 +9,6 @@ from dit_trainer.lazy import lazy_exports
 
 _LAZY = {
     "TransportConfig": "dit_trainer.transport.config",
-    "cfg_model_fn": "dit_trainer.transport.guidance",
     "PATHS": "dit_trainer.transport.path",
     "GVPPath": "dit_trainer.transport.path",
     "LinearPath": "dit_trainer.transport.path",

@@ -105,9 +105,13 @@ class TransportObjective(Objective):
         """The ODE solver's settings for ode; the SDE integrator's and its generator for sde."""
         return {"ode": _ODE_OPTIONS, "sde": _SDE_OPTIONS}[self.check_sampler(sampler)]
 
-    def guidance_interval(self, requested=None, flag="guidance_interval"):
-        """`requested`, else the `transport:` section's `guidance_interval` (None: guide every step)."""
-        return requested if requested is not None else self.sampling.guidance_interval
+    def normalised_time(self, t):
+        """The transport's own t: 0 noise, 1 data."""
+        return t
+
+    def configured_guidance_interval(self):
+        """The `transport:` section's `guidance_interval` (None: guide every step)."""
+        return self.sampling.guidance_interval
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """The sample (x at t = 1) from noise z by the probability-flow ODE or the SDE.

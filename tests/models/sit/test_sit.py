@@ -8,7 +8,6 @@ import torch
 
 from dit_trainer.models import SiT_models, get_spec
 from dit_trainer.models.dit import DiT
-from dit_trainer.transport import cfg_model_fn
 from dit_trainer.transport.objective import TransportObjective
 from dit_trainer.transport import create_transport
 
@@ -65,7 +64,7 @@ def test_forward_with_cfg_guides_three_channels_by_default_or_all():
         guided = uncond + 4.0 * (cond - uncond)
         release = sit.forward_with_cfg(x2, t, y, 4.0)
         every = sit.forward_with_cfg(x2, t, y, 4.0, cfg_channels=None)
-        helper = cfg_model_fn(sit, 4.0)(x2, t, y)
+        helper = TransportObjective(create_transport()).guided_model_fn(sit, 4.0, cfg_channels=4)(x2, t, y)
     assert torch.allclose(release[:2, :3], guided[:, :3], atol=1e-5)
     assert torch.allclose(release[:2, 3:], cond[:, 3:], atol=1e-6)
     assert torch.allclose(every[:2], guided, atol=1e-5) and torch.equal(helper, every)
@@ -75,7 +74,7 @@ def test_guidance_interval_skips_the_unconditional_pass_outside():
     sit = _randomised(SiT_models["SiT-S/2"](**TINY, learn_sigma=False))
     x = torch.randn(2, 4, 8, 8)
     x2, y = torch.cat([x, x]), torch.tensor([1, 2, 5, 5])
-    fn = cfg_model_fn(sit, 3.0, interval=(0.2, 0.6))
+    fn = TransportObjective(create_transport()).guided_model_fn(sit, 3.0, 4, interval=(0.2, 0.6))
     with torch.no_grad():
         inside = fn(x2, torch.full((4,), 0.4), y)
         outside = fn(x2, torch.full((4,), 0.9), y)

@@ -4,7 +4,7 @@ them and a latent cache in `dit extract`'s shard format keeps what it encoded (s
 import os
 import sys
 
-from dit_trainer.data import DEFAULT_VAE
+from dit_trainer.vae import DEFAULT_VAE
 from dit_trainer.data.images import IMAGE_EXTENSIONS
 from dit_trainer.errors import DataError
 
@@ -83,7 +83,7 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
         dataset.source = f"the image folder {path}"
         return dataset
     from dit_trainer.data.online.dataset import ImageFolderLatents
-    from dit_trainer.data.vae import latent_shape, load_vae, scaling
+    from dit_trainer.vae.autoencoder import latent_shape, load_vae, scaling
 
     known = lc.read_plan(folder)
     if known is not None and known.get("key") != plan["key"]:

@@ -52,7 +52,7 @@ class CacheEncoder:
     collate_fn = staticmethod(keep_batch)
 
     def __init__(self, dataset, device, writes: bool = True, progress: bool = True):
-        from dit_trainer.data.vae import scaling
+        from dit_trainer.vae.autoencoder import scaling
 
         self.dataset, self.device, self.writes = dataset, torch.device(device), writes
         self.vae = None

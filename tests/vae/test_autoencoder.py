@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("diffusers")
 import huggingface_hub  # noqa: E402
 
-from dit_trainer.data import vae as vae_mod  # noqa: E402
+from dit_trainer.vae import autoencoder as vae_mod  # noqa: E402
 from dit_trainer.errors import DataError  # noqa: E402
 
 
