@@ -1,7 +1,7 @@
 """The latent cache of an image folder: where it lives, what names it, and what it holds so far.
 
 A cache folder is named by a sha256 over everything that changes its bytes: the folder (absolute
-path, every file's relative path, label, size and mtime), the image size, the VAE (a Hub id, or a
+path, every file's relative path, label, size, mtime, ctime and inode: a stat, no read), the image size, the VAE (a Hub id, or a
 folder's config and weight files) and the VAE's compute dtype. Another folder, size or VAE is
 another cache; the same ones, from any run, find this one.
 
@@ -12,6 +12,7 @@ killed at any instant leaves only whole pieces (and temporary files nobody reads
 a `dit extract` shard folder: shard i holds images [i·S, (i+1)·S), `manifest.json` written last.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,11 +67,20 @@ def vae_identity(name: str):
 
 
 def files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
-    """sha256 over each image's relative path, label, size and mtime: an edited, added or removed image changes it."""
+    """sha256 over each image's relative path, label, size, mtime, ctime and inode: an edited, swapped,
+    added or removed image changes it, without reading a byte of any image.
+
+    `cp -p` and `rsync -t` put the old mtime on a new file of the same size, but no tool can set a
+    ctime (any write or rename sets it to now), and rsync's rename also brings a new inode. The price:
+    `chmod`/`chown` of the images change their ctime too, and so make a new cache (the safe side)."""
     digest = hashlib.sha256()
     for path, label in zip(paths, labels.tolist()):
-        st = os.stat(path)
-        line = f"{os.path.relpath(path, root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n"
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise DataError(f"{path}: cannot read it ({err.strerror or err}); restore it or remove it from "
+                            f"{root}") from None
+        line = f"{os.path.relpath(path, root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\t{st.st_ctime_ns}\t{st.st_ino}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
@@ -105,8 +115,31 @@ def read_plan(folder: str) -> Optional[Dict]:
 
 def write_plan(folder: str, plan: Dict) -> None:
     """Record the plan (every rank may: the content is the same, the write atomic)."""
-    os.makedirs(os.path.join(folder, PIECES), exist_ok=True)
-    sh._atomic_json(os.path.join(folder, PLAN), plan)
+    with writing(folder, os.path.join(folder, PLAN)):
+        os.makedirs(os.path.join(folder, PIECES), exist_ok=True)
+        sh._atomic_json(os.path.join(folder, PLAN), plan)
+
+
+@contextlib.contextmanager
+def writing(folder: str, path: str, leftovers=()):
+    """A failed write into the cache (a full disk, a quota, a read-only mount) as one DataError naming
+    `path` and its file system's free space; `leftovers` (files of a half-written piece) are removed.
+    Without it the trainer would blame its output_dir."""
+    from dit_trainer.fs import write_error_text
+
+    try:
+        yield
+    except OSError as err:
+        for leftover in leftovers:
+            with contextlib.suppress(OSError):
+                os.remove(leftover)
+        raise DataError(f"latent cache: {write_error_text(path, err)}; free space there or set data.cache_dir to "
+                        f"a writable folder with room (the cache {folder} keeps what was written)") from None
+
+
+def remedy(folder: str) -> str:
+    """What to do about a damaged cache: it is only a cache."""
+    return f"delete the latent cache folder {folder} (the next run encodes the images again)"
 
 
 def num_shards(num_images: int) -> int:
@@ -189,9 +222,11 @@ class PieceWriter:
         if not self.pending:
             return
         stem = os.path.join(self.folder, uuid.uuid4().hex)
-        os.makedirs(self.folder, exist_ok=True)
-        sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index))
-        sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))
+        # A piece without its rows file never counts; it is removed all the same.
+        with writing(os.path.dirname(self.folder), f"{stem}.rows.npy", [f"{stem}.index.npy"]):
+            os.makedirs(self.folder, exist_ok=True)
+            sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index))
+            sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))
         self.index, self.rows, self.pending = [], [], 0
 
 
@@ -226,7 +261,8 @@ def pack(folder: str, where: Where, shard_ids, labels: np.ndarray) -> None:
         rows = gather(where, index, opened)
         writer = sh.ShardWriter(folder, name, len(index), rows.shape[1:], STORAGE)
         writer.add(rows, labels[index])
-        writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")))
+        with writing(folder, os.path.join(folder, f"{name}.npy")):
+            writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")))
 
 
 def read_manifest_or_none(folder: str) -> Optional[Dict]:
