@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import shards as sh
+from dit_trainer.data.checksums import file_sha256
 from dit_trainer.errors import DataError
 
 FORMAT = 1
@@ -39,14 +40,6 @@ def default_root() -> str:
     return os.path.join(base, "dit-trainer", "latents")
 
 
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def vae_identity(name: str):
     """What names a VAE's weights: a Hub id itself; for a folder its config's sha256 and each weight
     file's name, size and mtime (re-saving the VAE makes a new cache, the safe side)."""
@@ -62,7 +55,7 @@ def vae_identity(name: str):
             st = os.stat(path)
             files.append([entry, st.st_size, st.st_mtime_ns])
     config = os.path.join(folder, "config.json")
-    return {"path": os.path.abspath(folder), "config": _file_sha256(config) if os.path.isfile(config) else None,
+    return {"path": os.path.abspath(folder), "config": file_sha256(config) if os.path.isfile(config) else None,
             "files": files}
 
 
