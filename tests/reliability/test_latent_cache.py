@@ -56,6 +56,14 @@ def _keep_times(path, change):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def _flip(path, at=200):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
 def test_flipped_byte_and_rewritten_labels_are_refused_before_a_step(tmp_path, vae, monkeypatch, capsys):
     images, folder = _complete_cache(tmp_path, vae)
     manifest = sh.read_manifest(folder)
@@ -69,14 +77,7 @@ def test_flipped_byte_and_rewritten_labels_are_refused_before_a_step(tmp_path, v
     shard, labels = os.path.join(folder, "shard-00000.npy"), os.path.join(folder, "shard-00000.labels.npy")
     saved = open(shard, "rb").read()
 
-    def flip(path):
-        with open(path, "r+b") as f:
-            f.seek(200)
-            byte = f.read(1)
-            f.seek(200)
-            f.write(bytes([byte[0] ^ 0x10]))
-
-    _keep_times(shard, flip)
+    _keep_times(shard, _flip)
     with pytest.raises(DataError) as err:
         _open(images, vae, tmp_path / "cache")
     _one_line(err, shard, "sha256", f"delete the latent cache folder {folder}")
@@ -95,6 +96,18 @@ def test_flipped_byte_and_rewritten_labels_are_refused_before_a_step(tmp_path, v
 
     open(shard, "wb").write(saved)
     assert any("labels.npy does not match the sha256" in p for p in verify(folder))
+
+
+def test_a_damaged_piece_of_an_incomplete_cache_is_encoded_again(tmp_path):
+    folder = str(tmp_path / "images-16px-abc")
+    writer = lc.PieceWriter(folder)
+    writer.add(np.arange(2), np.ones((2, 2, 2, 4, 8, 8), np.float16))
+    writer.flush()
+    entry = (2, 2, 4, 8, 8)
+    assert lc.scan(folder, 2, entry).covered == 2
+    (rows,) = (tmp_path / "images-16px-abc" / lc.PIECES).glob("*.rows.npy")
+    _keep_times(rows, _flip)
+    assert lc.scan(folder, 2, entry).covered == 0  # never read: its images are encoded again
 
 
 def test_an_image_swapped_with_size_and_mtime_kept_is_a_new_cache(tmp_path):

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dit_trainer.data import checksums
-from dit_trainer.data.atomic import atomic_json as _atomic_json, atomic_npy as _atomic_npy  # noqa: F401 (used by the cache)
+from dit_trainer.data.atomic import atomic_json as _atomic_json, atomic_npy as _atomic_npy
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch
 from dit_trainer.errors import ConfigError, DataError, one_line
 from dit_trainer.fs import check_regular

@@ -5,15 +5,18 @@ path, every file's relative path, label, size, mtime, ctime and inode: a stat, n
 folder's config and weight files) and the VAE's compute dtype. Another folder, size or VAE is
 another cache; the same ones, from any run, find this one.
 
-While incomplete it holds `pieces/`: each a `<id>.index.npy` (image indices) and a
-`<id>.rows.npy` (their rows, `dit extract`'s N×F×K×C×H×W float16 layout), both written to a
-temporary name and renamed, the rows last; a piece counts once its rows file exists, so a run
-killed at any instant leaves only whole pieces (and temporary files nobody reads). Complete, it is
+While incomplete it holds `pieces/`: each a `<id>.index.npy` (image indices), a `<id>.rows.npy`
+(their rows, `dit extract`'s N×F×K×C×H×W float16 layout) and `<id>.sums.json` (both files' sizes
+and sha256), each written to a temporary name and renamed, the sums last; a piece counts once its
+sums exist and its files match them (checked as shards are, see `checksums`), so a run killed at any
+instant leaves only whole pieces (and temporary files nobody reads), and a damaged piece's images
+are encoded again. Complete, it is
 a `dit extract` shard folder: shard i holds images [i·S, (i+1)·S), `manifest.json` written last.
 """
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import uuid
@@ -22,12 +25,14 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import shards as sh
+from dit_trainer.data import checksums
 from dit_trainer.data.checksums import file_sha256
 from dit_trainer.errors import DataError
 
 FORMAT = 1
 PLAN = "cache.json"
 PIECES = "pieces"
+SUMS = ".sums.json"  # a piece's checksums, written last
 SHARD_SIZE = 2048  # `dit extract`'s --shard-size default
 PIECE_ROWS = 1024  # rows a rank keeps in memory before writing a piece: what a kill -9 can lose
 STORAGE = "float16"  # `dit extract`'s --dtype default
@@ -176,14 +181,12 @@ def scan(folder: str, num_images: int, entry: tuple) -> Where:
             file_of[start:stop], row_of[start:stop] = len(files), np.arange(stop - start)
             files.append(path)
     pieces = os.path.join(folder, PIECES)
-    names = sorted(n for n in os.listdir(pieces) if n.endswith(".rows.npy")) if os.path.isdir(pieces) else []
+    names = sorted(n for n in os.listdir(pieces) if n.endswith(SUMS)) if os.path.isdir(pieces) else []
     for name in names:
-        rows = os.path.join(pieces, name)
-        try:
-            index = np.load(os.path.join(pieces, name[:-len(".rows.npy")] + ".index.npy"), allow_pickle=False)
-        except (OSError, ValueError, EOFError):
-            continue
-        if (index.ndim != 1 or index.dtype.kind not in "iu" or _rows_shape(rows) != (len(index), *entry)
+        stem = name[:-len(SUMS)]
+        index = _piece_index(pieces, stem)
+        rows = os.path.join(pieces, f"{stem}.rows.npy")
+        if (index is None or index.ndim != 1 or index.dtype.kind not in "iu" or _rows_shape(rows) != (len(index), *entry)
                 or (index.size and (index.min() < 0 or index.max() >= num_images))):
             continue
         fresh = file_of[index] < 0
@@ -191,6 +194,21 @@ def scan(folder: str, num_images: int, entry: tuple) -> Where:
             file_of[index[fresh]], row_of[index[fresh]] = len(files), np.flatnonzero(fresh)
             files.append(rows)
     return Where(files, file_of, row_of)
+
+
+def _piece_index(pieces: str, stem: str) -> Optional[np.ndarray]:
+    """The image indices of a whole piece whose files match the checksums written with it, else None."""
+    try:
+        with open(os.path.join(pieces, stem + SUMS), encoding="utf-8") as f:
+            sums = json.load(f)
+        checksums.verify_shard_files(pieces, [{"name": f"{stem}.rows", **sums["rows"]}], "")
+        path = os.path.join(pieces, f"{stem}.index.npy")
+        with open(path, "rb") as f:
+            raw = f.read()
+        checksums.check_bytes(path, raw, sums["index"]["sha256"], "")
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (OSError, ValueError, EOFError, KeyError, TypeError):  # DataError is a ValueError
+        return None
 
 
 class PieceWriter:
@@ -211,15 +229,18 @@ class PieceWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is kept as one piece: indices first, rows last (the rows' rename makes it count)."""
+        """Write what is kept as one piece: indices, rows, then their checksums (whose rename makes it count)."""
         if not self.pending:
             return
-        stem = os.path.join(self.folder, uuid.uuid4().hex)
-        # A piece without its rows file never counts; it is removed all the same.
-        with writing(os.path.dirname(self.folder), f"{stem}.rows.npy", [f"{stem}.index.npy"]):
+        name = uuid.uuid4().hex
+        stem = os.path.join(self.folder, name)
+        # A piece without its checksums never counts; its files are removed all the same.
+        with writing(os.path.dirname(self.folder), f"{stem}.rows.npy", [f"{stem}.index.npy", f"{stem}.rows.npy"]):
             os.makedirs(self.folder, exist_ok=True)
-            sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index))
-            sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))
+            sums = {"index": sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index)),
+                    "rows": sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))}
+            sh._atomic_json(stem + SUMS, sums)
+        checksums.stamp_written(self.folder, [{"name": f"{name}.rows", **sums["rows"]}])
         self.index, self.rows, self.pending = [], [], 0
 
 
