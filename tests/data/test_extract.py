@@ -96,7 +96,8 @@ def test_a_shard_of_only_unreadable_images_is_not_listed(assets, tmp_path):
     out = tmp_path / "out"
     run_extract(tmp_path / "images", assets["vae"], out=out, **SETTINGS)
     m = read_manifest(out)
-    assert m["shards"] == [{"name": "shard-00000", "count": 3}] and m["count"] == 3 and m["skipped"] == 2
+    assert [(s["name"], s["count"]) for s in m["shards"]] == [("shard-00000", 3)] and m["count"] == 3
+    assert m["skipped"] == 2 and m["shards"][0]["bytes"] == os.path.getsize(out / "shard-00000.npy")
     assert verify(out) == [] and not (out / "shard-00001.npy").exists()
     assert len(LatentShards(out)) == 3 and len((out / "skipped.txt").read_text().splitlines()) == 2
     # A folder an earlier version left with a zero-row shard is put right by re-running the command.

@@ -34,13 +34,13 @@ def test_class_folders_sorted_names_are_ids(tmp_path):
     _save(tmp_path / "zebra" / "b.png")
     _save(tmp_path / "zebra" / "a.JPG")
     _save(tmp_path / "ant" / "sub" / "x.png")
-    (tmp_path / "bee").mkdir()
+    _save(tmp_path / "bee" / "c.png")
     (tmp_path / "ant" / "notes.txt").write_text("not an image")
     _save(tmp_path / "ant" / ".hidden.png")
     paths, labels, names = list_image_folder(tmp_path)
     assert names == ["ant", "bee", "zebra"]
-    assert [p.split("/")[-1] for p in paths] == ["x.png", "a.JPG", "b.png"]
-    assert labels.tolist() == [0, 2, 2]
+    assert [p.split("/")[-1] for p in paths] == ["x.png", "c.png", "a.JPG", "b.png"]
+    assert labels.tolist() == [0, 1, 2, 2]
 
 
 def test_flat_folder_is_class_zero(tmp_path):

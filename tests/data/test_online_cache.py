@@ -4,6 +4,7 @@ losses are those of `dit extract` + `dit train`, loss for loss."""
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def dying_write(path, array):
             with open(path + ".tmp" + str(os.getpid()), "wb") as f:
                 f.write(b"\\x93NUMPY half a file")
             os.kill(os.getpid(), signal.SIGKILL)
-    write(path, array)
+    return write(path, array)
 
 sh._atomic_npy = dying_write
 DiTTrainer(t.run_config({out!r}, {images!r}, vae={vae!r}, image_size=t.SIZE, cache_dir={cache!r})).train()
@@ -222,3 +223,17 @@ def test_two_ranks_encode_their_own_shares_and_match_extract(assets, tmp_path):
     # bytes, what the exactness rests on, are extract's exactly.
     assert losses(out) == pytest.approx(assets["losses"], rel=1e-6) and len(losses(out)) == STEPS
     assert_cache_is_extracts(assets, folder)
+
+
+def test_resume_after_the_folder_changed_is_refused_through_the_checkpoint(assets, tmp_path):
+    images = tmp_path / "images"
+    shutil.copytree(assets["images"], images)
+    cfg = run_config(tmp_path / "run", str(images), **online(assets, tmp_path / "cache"))
+    cfg["train"]["max_steps"] = 2
+    DiTTrainer(cfg).train()
+    os.remove(images / "c0" / "0.png")
+    cfg["train"]["max_steps"] = 4
+    with pytest.raises(DataError, match="holds 11 images, the checkpoint's run read 12") as err:
+        DiTTrainer(cfg).train()
+    assert "--data.allow_changed true" in str(err.value)
+    assert len(losses(tmp_path / "run")) == 2  # refused before a step

@@ -59,6 +59,7 @@ class DataConfig:
     vae_dtype: str = "auto"  # auto | fp32 | bf16: the VAE's compute dtype for an image folder; auto: bf16 on a GPU, fp32 (dit extract's default) on a CPU
     cache_dir: Optional[str] = None  # where the latent caches of image folders go (None: ~/.cache/dit-trainer/latents); shared by all nodes
     scaling_factor: float = 0.18215  # factor the latents were multiplied by (shards record theirs)
+    allow_changed: bool = False  # resume although the image folder changed since the checkpoint (a warning instead of a refusal; the resume is then not exact)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from dit_trainer.data import checksums
 from dit_trainer.data import shards as sh
 from dit_trainer.data.encode import encode_rows
 from dit_trainer.data.images import ImageFiles, list_image_folder
@@ -264,9 +265,10 @@ def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flip
         out, count=sum(m["count"] for m in markers), latent_shape=list(shape), dtype=dtype,
         num_classes=len(class_names), class_names=class_names, vae=vae_name, scaling_factor=sf,
         shift_factor=shift, image_size=image_size, flips=bool(flips), posterior=posterior,
-        shards=[{"name": m["name"], "count": m["count"]} for m in markers if m["count"]],
+        shards=[sh.manifest_entry(m) for m in markers if m["count"]],
         skipped=len(skipped), source=os.path.abspath(data_path),
     )
+    checksums.stamp_written(out, manifest["shards"])
     if skipped:
         print(f"dit extract: skipped {len(skipped)} unreadable images, listed in {os.path.join(out, SKIPPED)}",
               file=sys.stderr)

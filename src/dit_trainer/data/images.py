@@ -26,6 +26,14 @@ def _is_image(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
+def _check_image_file(path: str) -> None:
+    """One line for an image entry that cannot be read as a file: a dangling symlink, a FIFO (it would hang the reader)."""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise DataError(f"{path} is a symlink to {os.readlink(path)}, which does not exist; restore its target or "
+                        "remove the link")
+    check_regular(path, DataError, "in an image folder")
+
+
 def _walk_images(folder: str, seen_dirs: set, seen_files: set) -> List[str]:
     """Images under `folder`, following symlinks but entering each real folder and taking each real file once.
 
@@ -44,7 +52,7 @@ def _walk_images(folder: str, seen_dirs: set, seen_files: set) -> List[str]:
             path = os.path.join(root, f)
             real = os.path.realpath(path)
             if _is_image(f):
-                check_regular(path, DataError, "in an image folder")  # a FIFO would hang the reader
+                _check_image_file(path)
             if _is_image(f) and real not in seen_files:
                 seen_files.add(real)
                 found.append(path)
@@ -60,7 +68,7 @@ def list_image_folder(root) -> Tuple[List[str], np.ndarray, List[str]]:
     class_dirs = [e for e in entries if os.path.isdir(os.path.join(root, e))]
     for e in entries:
         if _is_image(e):
-            check_regular(os.path.join(root, e), DataError, "in an image folder")
+            _check_image_file(os.path.join(root, e))
     loose = [e for e in entries if os.path.isfile(os.path.join(root, e)) and _is_image(e)]
     if class_dirs and loose:
         # Either reading would silently drop or mislabel images, so make the user decide.
@@ -71,11 +79,15 @@ def list_image_folder(root) -> Tuple[List[str], np.ndarray, List[str]]:
     paths: List[str] = []
     labels: List[int] = []
     if class_dirs:
-        # Empty classes keep their id so ids always follow the sorted folder names.
         class_names = class_dirs
         seen_dirs, seen_files = {(os.stat(root).st_dev, os.stat(root).st_ino)}, set()
         for label, name in enumerate(class_dirs):
             found = _walk_images(os.path.join(root, name), seen_dirs, seen_files)
+            if not found:
+                # Kept, it would be a class no sample teaches; skipped, every later class's id would shift
+                # away from its folder's sorted place. torchvision's ImageFolder refuses it too.
+                raise DataError(f"{os.path.join(root, name)} is a class folder without images "
+                                f"({', '.join(IMAGE_EXTENSIONS)}); add its images or remove the folder")
             paths.extend(found)
             labels.extend([label] * len(found))
     else:

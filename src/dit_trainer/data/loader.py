@@ -27,9 +27,11 @@ def build_dataset(cfg, num_classes=None):
     if looks_like_image_folder(data.path):
         from dit_trainer.data.online import open_image_folder
 
-        return open_image_folder(data.path, vae=data.vae, image_size=data.image_size, vae_dtype=data.vae_dtype,
-                                 device=cfg.train.device, cache_dir=data.cache_dir, random_flip=data.random_flip,
-                                 seed=cfg.train.seed)
+        dataset = open_image_folder(data.path, vae=data.vae, image_size=data.image_size, vae_dtype=data.vae_dtype,
+                                    device=cfg.train.device, cache_dir=data.cache_dir, random_flip=data.random_flip,
+                                    seed=cfg.train.seed)
+        dataset.allow_changed = bool(data.allow_changed)  # read by StepLoader when a checkpoint is resumed
+        return dataset
     from dit_trainer.data.latents import open_latent_dataset
 
     return open_latent_dataset(
@@ -185,6 +187,7 @@ class StepLoader:
         self.stage = stage
         self._it = None
         self._finish = None
+        self._refusal = None  # why the resumed data is not the checkpoint's, raised before the first batch
 
     def _start_epoch(self):
         dataset, collate, self._finish = self.dataset, None, None
@@ -206,6 +209,8 @@ class StepLoader:
         return self
 
     def __next__(self):
+        if self._refusal is not None:
+            raise DataError(self._refusal)
         if self._it is None:
             self._start_epoch()
         try:
@@ -224,8 +229,11 @@ class StepLoader:
             self.stage.flush()
 
     def state_dict(self) -> dict:
-        """Position after the last batch handed out."""
-        return self.sampler.state_dict()
+        """Position after the last batch handed out, and the data's fingerprint where it has one."""
+        state = self.sampler.state_dict()
+        if getattr(self.dataset, "fingerprint", None) is not None:
+            state["fingerprint"] = self.dataset.fingerprint
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue at the saved sample: positions of checkpoints written before they were kept in
@@ -237,3 +245,22 @@ class StepLoader:
             saved = state.get("global_batch_size") or self.sampler.global_batch_size
             self.sampler.sample_in_epoch = int(state["batch_in_epoch"]) * int(saved)
         self._it = None
+        self._check_fingerprint(state.get("fingerprint"))
+
+    def _check_fingerprint(self, saved) -> None:
+        """A changed image folder makes the resume inexact: refused before the first batch (raised
+        from `__next__`, not here, where a resume would take it for a damaged checkpoint), or one
+        warning with data.allow_changed."""
+        from dit_trainer.data.fingerprint import changes
+
+        what = changes(saved, getattr(self.dataset, "fingerprint", None))
+        if what is None:
+            return
+        if getattr(self.dataset, "allow_changed", False):
+            import sys
+
+            print(f"warning: {what}; continuing on the changed data (data.allow_changed), so the resume is not "
+                  "exact", file=sys.stderr, flush=True)
+        else:
+            self._refusal = (f"{what}, so resuming would not continue the same run; restore the folder, or pass "
+                             "--data.allow_changed true to continue on the changed data")

@@ -23,6 +23,7 @@ as fast as numpy's. Items are produced a batch at a time (`__getitems__`), which
 and torch call overhead; both together are what reach 20k+ latents/s on two cores.
 """
 
+import io
 import json
 import os
 from typing import Dict, List, Optional, Sequence
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from dit_trainer.data import checksums
+from dit_trainer.data.atomic import atomic_json as _atomic_json, atomic_npy as _atomic_npy
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch
 from dit_trainer.errors import ConfigError, DataError, one_line
 from dit_trainer.fs import check_regular
@@ -48,25 +51,6 @@ REQUIRED_KEYS = ("format", "version", "count", "latent_shape", "dtype", "num_cla
 def shard_name(index: int, total: int) -> str:
     """File stem of shard `index` of `total`, zero-padded so names sort in index order."""
     return f"shard-{index:0{max(5, len(str(max(total - 1, 0))))}d}"
-
-
-def _atomic_json(path: str, data) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_npy(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def shard_done(root: str, name: str) -> bool:
@@ -105,16 +89,24 @@ class ShardWriter:
         self.count += n
 
     def close(self, **marker) -> Dict:
-        """Write the shard; the marker (count plus `marker`) goes last so it means 'complete'.
+        """Write the shard; the marker (count, checksums plus `marker`) goes last so it means 'complete'.
 
         A shard whose every image was skipped gets its marker only: it is done, but holds nothing to list."""
+        sums = {}
         if self.count:
-            _atomic_npy(os.path.join(self.root, f"{self.name}.npy"), self.data[:self.count])
-            _atomic_npy(os.path.join(self.root, f"{self.name}.labels.npy"), self.labels[:self.count])
-        marker = {"name": self.name, "count": int(self.count), **marker}
+            # The checksums of the bytes as written go to the marker, then the manifest (see checksums.py).
+            data = _atomic_npy(os.path.join(self.root, f"{self.name}.npy"), self.data[:self.count])
+            labels = _atomic_npy(os.path.join(self.root, f"{self.name}.labels.npy"), self.labels[:self.count])
+            sums = {**data, "labels_sha256": labels["sha256"]}
+        marker = {"name": self.name, "count": int(self.count), **sums, **marker}
         _atomic_json(os.path.join(self.root, f"{self.name}.json"), marker)
         self.data = self.labels = None
         return marker
+
+
+def manifest_entry(marker: Dict) -> Dict:
+    """A shard's entry in the manifest: name, count and the checksums its marker recorded."""
+    return {k: marker[k] for k in ("name", "count", "bytes", "sha256", "labels_sha256") if k in marker}
 
 
 def write_manifest(root: str, **fields) -> Dict:
@@ -225,7 +217,8 @@ def _raise_fd_limit(needed: int) -> None:
 class LatentShards(Dataset):
     """Map-style dataset over a shard folder: (x float32 C×H×W, y int64), O(1) access via per-shard mmaps."""
 
-    def __init__(self, path, random_flip: bool = True, sample_posterior: bool = True, seed: int = 0):
+    def __init__(self, path, random_flip: bool = True, sample_posterior: bool = True, seed: int = 0, remedy=None):
+        """`remedy`: what a checksum mismatch tells the user to do (default: re-extract the shard)."""
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
         self.root = os.fspath(path)
@@ -245,7 +238,11 @@ class LatentShards(Dataset):
         if int(self.offsets[-1]) != int(m["count"]):
             raise DataError(f"{self.root}/{MANIFEST}: shards hold {int(self.offsets[-1])} latents but count says "
                             f"{m['count']}; run `dit data verify`")
-        labels = [self._load_labels(name, n) for name, n in zip(self.names, counts)]
+        self.remedy = remedy or "re-extract that shard (`dit extract`) or run `dit data verify`"
+        # Sizes, then the content of every shard not verified in this version (checksums.py), before any step.
+        checksums.verify_shard_files(self.root, m["shards"], self.remedy)
+        sums = [s.get("labels_sha256") for s in m["shards"]]
+        labels = [self._load_labels(name, n, want) for name, n, want in zip(self.names, counts, sums)]
         self.labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
         self._entry = entry_shape(m)
         self._arrays: Dict[int, np.ndarray] = {}
@@ -253,11 +250,14 @@ class LatentShards(Dataset):
         self._generator: Optional[torch.Generator] = None
         _raise_fd_limit(len(self.names))
 
-    def _load_labels(self, name: str, count: int) -> np.ndarray:
+    def _load_labels(self, name: str, count: int, sha256=None) -> np.ndarray:
         path = os.path.join(self.root, f"{name}.labels.npy")
         check_regular(path, DataError, "shard labels")
         try:
-            labels = np.load(path, allow_pickle=False)
+            with open(path, "rb") as f:
+                raw = f.read()
+            checksums.check_bytes(path, raw, sha256, self.remedy)  # small: hashed on every open
+            labels = np.load(io.BytesIO(raw), allow_pickle=False)
         except (OSError, *NPY_ERRORS) as err:
             raise DataError(f"cannot read {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
         if labels.shape != (count,):

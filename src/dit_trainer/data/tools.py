@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from dit_trainer.data import checksums
 from dit_trainer.data import shards as sh
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
@@ -72,7 +73,7 @@ def convert(src, out, shard_size: int = 4096, dtype: str = "float16", num_classe
         out, count=n, latent_shape=list(ds.latent_shape), dtype=dtype, num_classes=int(ds.num_classes),
         class_names=ds.class_names, vae=vae, scaling_factor=float(scaling_factor),
         shift_factor=0.0, image_size=image_size or 8 * int(ds.latent_shape[-1]), flips=False,
-        posterior="sample", shards=[{"name": m["name"], "count": m["count"]} for m in markers],
+        posterior="sample", shards=[sh.manifest_entry(m) for m in markers],
         skipped=0, source=os.path.abspath(src),
     )
 
@@ -148,6 +149,19 @@ def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> Lis
     return problems
 
 
+def _check_sums(root: str, entry: Dict) -> List[str]:
+    """The shard's bytes against the checksums its manifest records: every file hashed, whatever its stat."""
+    remedy = "re-extract this shard (or delete the latent cache folder)"
+    try:
+        checksums.verify_shard_files(root, [entry], remedy, full=True)
+        lpath = os.path.join(root, f"{entry['name']}.labels.npy")
+        if entry.get("labels_sha256") is not None and checksums.file_sha256(lpath) != entry["labels_sha256"]:
+            return [f"{lpath} does not match the sha256 in its manifest; {remedy}"]
+    except (DataError, OSError) as err:
+        return [str(err)]
+    return []
+
+
 def is_per_file_folder(path) -> bool:
     """Whether `path` is latents without shards: fast-DiT/PaddleMIX features or a folder of `.npy` files."""
     from dit_trainer.data.latents import FASTDIT_FEATURES
@@ -193,7 +207,7 @@ def verify(path, progress: bool = False) -> List[str]:
     from tqdm import tqdm
 
     for s in tqdm(m["shards"], unit="shard", desc="verify", disable=not progress):
-        problems += _check_shard(root, m, s["name"], s["count"], entry)
+        problems += _check_shard(root, m, s["name"], s["count"], entry) or _check_sums(root, s)
     for stray in sorted(glob.glob(os.path.join(root, "shard-*.npy"))):
         stem = os.path.basename(stray)[:-4]
         if stem.endswith(".labels"):

@@ -60,6 +60,7 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
                       cache_dir=None, random_flip: bool = True, seed: int = 0):
     """The dataset of image folder `path`: its complete latent cache as `LatentShards`, else an
     `ImageFolderLatents` holding the VAE that will encode the rest; one log line names the cache."""
+    from dit_trainer.data.fingerprint import fingerprint
     from dit_trainer.data.images import list_image_folder
     from dit_trainer.data.online import cache as lc
 
@@ -79,8 +80,9 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
 
         _say(f"latent cache {folder}: complete, read as shards (the VAE is not loaded)")
         lc.remove_pieces(folder)  # left by a run killed between the manifest and the clean-up
-        dataset = LatentShards(folder, random_flip=random_flip, seed=seed)
+        dataset = LatentShards(folder, random_flip=random_flip, seed=seed, remedy=lc.remedy(folder))
         dataset.source = f"the image folder {path}"
+        dataset.fingerprint = fingerprint(plan["data_path"], len(paths), plan["files_sha256"])
         return dataset
     from dit_trainer.data.online.dataset import ImageFolderLatents
     from dit_trainer.vae.autoencoder import latent_shape, load_vae, scaling
@@ -96,12 +98,9 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
     plan = {**plan, "latent_shape": list(latent_shape(model, int(image_size))), "scaling_factor": sf,
             "shift_factor": shift}
     if known is None:
-        try:
-            lc.write_plan(folder, plan)
-        except OSError as err:
-            raise DataError(f"cannot write the latent cache {folder} ({err.strerror or err}); set data.cache_dir "
-                            "to a writable folder") from None
+        lc.write_plan(folder, plan)  # a failed write is one line naming the cache
     dataset = ImageFolderLatents(path, folder, plan, paths, labels, class_names, random_flip, seed, vae=model)
+    dataset.fingerprint = fingerprint(plan["data_path"], len(paths), plan["files_sha256"])
     have = dataset.where.covered
     if known is None:
         _say(f"latent cache {folder}: new, for {path} at {image_size} px with VAE {name} ({dtype}){_others(folder)}; "

@@ -1,18 +1,22 @@
 """The latent cache of an image folder: where it lives, what names it, and what it holds so far.
 
 A cache folder is named by a sha256 over everything that changes its bytes: the folder (absolute
-path, every file's relative path, label, size and mtime), the image size, the VAE (a Hub id, or a
+path, every file's relative path, label, size, mtime, ctime and inode: a stat, no read), the image size, the VAE (a Hub id, or a
 folder's config and weight files) and the VAE's compute dtype. Another folder, size or VAE is
 another cache; the same ones, from any run, find this one.
 
-While incomplete it holds `pieces/`: each a `<id>.index.npy` (image indices) and a
-`<id>.rows.npy` (their rows, `dit extract`'s N×F×K×C×H×W float16 layout), both written to a
-temporary name and renamed, the rows last; a piece counts once its rows file exists, so a run
-killed at any instant leaves only whole pieces (and temporary files nobody reads). Complete, it is
+While incomplete it holds `pieces/`: each a `<id>.index.npy` (image indices), a `<id>.rows.npy`
+(their rows, `dit extract`'s N×F×K×C×H×W float16 layout) and `<id>.sums.json` (both files' sizes
+and sha256), each written to a temporary name and renamed, the sums last; a piece counts once its
+sums exist and its files match them (checked as shards are, see `checksums`), so a run killed at any
+instant leaves only whole pieces (and temporary files nobody reads), and a damaged piece's images
+are encoded again. Complete, it is
 a `dit extract` shard folder: shard i holds images [i·S, (i+1)·S), `manifest.json` written last.
 """
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import uuid
@@ -21,11 +25,14 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import shards as sh
+from dit_trainer.data import checksums
+from dit_trainer.data.checksums import file_sha256
 from dit_trainer.errors import DataError
 
 FORMAT = 1
 PLAN = "cache.json"
 PIECES = "pieces"
+SUMS = ".sums.json"  # a piece's checksums, written last
 SHARD_SIZE = 2048  # `dit extract`'s --shard-size default
 PIECE_ROWS = 1024  # rows a rank keeps in memory before writing a piece: what a kill -9 can lose
 STORAGE = "float16"  # `dit extract`'s --dtype default
@@ -36,14 +43,6 @@ def default_root() -> str:
     """Where caches go unless data.cache_dir says: $XDG_CACHE_HOME (or ~/.cache)/dit-trainer/latents."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "dit-trainer", "latents")
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def vae_identity(name: str):
@@ -61,16 +60,25 @@ def vae_identity(name: str):
             st = os.stat(path)
             files.append([entry, st.st_size, st.st_mtime_ns])
     config = os.path.join(folder, "config.json")
-    return {"path": os.path.abspath(folder), "config": _file_sha256(config) if os.path.isfile(config) else None,
+    return {"path": os.path.abspath(folder), "config": file_sha256(config) if os.path.isfile(config) else None,
             "files": files}
 
 
 def files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
-    """sha256 over each image's relative path, label, size and mtime: an edited, added or removed image changes it."""
+    """sha256 over each image's relative path, label, size, mtime, ctime and inode: an edited, swapped,
+    added or removed image changes it, without reading a byte of any image.
+
+    `cp -p` and `rsync -t` put the old mtime on a new file of the same size, but no tool can set a
+    ctime (any write or rename sets it to now), and rsync's rename also brings a new inode. The price:
+    `chmod`/`chown` of the images change their ctime too, and so make a new cache (the safe side)."""
     digest = hashlib.sha256()
     for path, label in zip(paths, labels.tolist()):
-        st = os.stat(path)
-        line = f"{os.path.relpath(path, root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n"
+        try:
+            st = os.stat(path)
+        except OSError as err:
+            raise DataError(f"{path}: cannot read it ({err.strerror or err}); restore it or remove it from "
+                            f"{root}") from None
+        line = f"{os.path.relpath(path, root)}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\t{st.st_ctime_ns}\t{st.st_ino}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
@@ -105,8 +113,31 @@ def read_plan(folder: str) -> Optional[Dict]:
 
 def write_plan(folder: str, plan: Dict) -> None:
     """Record the plan (every rank may: the content is the same, the write atomic)."""
-    os.makedirs(os.path.join(folder, PIECES), exist_ok=True)
-    sh._atomic_json(os.path.join(folder, PLAN), plan)
+    with writing(folder, os.path.join(folder, PLAN)):
+        os.makedirs(os.path.join(folder, PIECES), exist_ok=True)
+        sh._atomic_json(os.path.join(folder, PLAN), plan)
+
+
+@contextlib.contextmanager
+def writing(folder: str, path: str, leftovers=()):
+    """A failed write into the cache (a full disk, a quota, a read-only mount) as one DataError naming
+    `path` and its file system's free space; `leftovers` (files of a half-written piece) are removed.
+    Without it the trainer would blame its output_dir."""
+    from dit_trainer.fs import write_error_text
+
+    try:
+        yield
+    except OSError as err:
+        for leftover in leftovers:
+            with contextlib.suppress(OSError):
+                os.remove(leftover)
+        raise DataError(f"latent cache: {write_error_text(path, err)}; free space there or set data.cache_dir to "
+                        f"a writable folder with room (the cache {folder} keeps what was written)") from None
+
+
+def remedy(folder: str) -> str:
+    """What to do about a damaged cache: it is only a cache."""
+    return f"delete the latent cache folder {folder} (the next run encodes the images again)"
 
 
 def num_shards(num_images: int) -> int:
@@ -150,14 +181,12 @@ def scan(folder: str, num_images: int, entry: tuple) -> Where:
             file_of[start:stop], row_of[start:stop] = len(files), np.arange(stop - start)
             files.append(path)
     pieces = os.path.join(folder, PIECES)
-    names = sorted(n for n in os.listdir(pieces) if n.endswith(".rows.npy")) if os.path.isdir(pieces) else []
+    names = sorted(n for n in os.listdir(pieces) if n.endswith(SUMS)) if os.path.isdir(pieces) else []
     for name in names:
-        rows = os.path.join(pieces, name)
-        try:
-            index = np.load(os.path.join(pieces, name[:-len(".rows.npy")] + ".index.npy"), allow_pickle=False)
-        except (OSError, ValueError, EOFError):
-            continue
-        if (index.ndim != 1 or index.dtype.kind not in "iu" or _rows_shape(rows) != (len(index), *entry)
+        stem = name[:-len(SUMS)]
+        index = _piece_index(pieces, stem)
+        rows = os.path.join(pieces, f"{stem}.rows.npy")
+        if (index is None or index.ndim != 1 or index.dtype.kind not in "iu" or _rows_shape(rows) != (len(index), *entry)
                 or (index.size and (index.min() < 0 or index.max() >= num_images))):
             continue
         fresh = file_of[index] < 0
@@ -165,6 +194,21 @@ def scan(folder: str, num_images: int, entry: tuple) -> Where:
             file_of[index[fresh]], row_of[index[fresh]] = len(files), np.flatnonzero(fresh)
             files.append(rows)
     return Where(files, file_of, row_of)
+
+
+def _piece_index(pieces: str, stem: str) -> Optional[np.ndarray]:
+    """The image indices of a whole piece whose files match the checksums written with it, else None."""
+    try:
+        with open(os.path.join(pieces, stem + SUMS), encoding="utf-8") as f:
+            sums = json.load(f)
+        checksums.verify_shard_files(pieces, [{"name": f"{stem}.rows", **sums["rows"]}], "")
+        path = os.path.join(pieces, f"{stem}.index.npy")
+        with open(path, "rb") as f:
+            raw = f.read()
+        checksums.check_bytes(path, raw, sums["index"]["sha256"], "")
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (OSError, ValueError, EOFError, KeyError, TypeError):  # DataError is a ValueError
+        return None
 
 
 class PieceWriter:
@@ -185,13 +229,18 @@ class PieceWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is kept as one piece: indices first, rows last (the rows' rename makes it count)."""
+        """Write what is kept as one piece: indices, rows, then their checksums (whose rename makes it count)."""
         if not self.pending:
             return
-        stem = os.path.join(self.folder, uuid.uuid4().hex)
-        os.makedirs(self.folder, exist_ok=True)
-        sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index))
-        sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))
+        name = uuid.uuid4().hex
+        stem = os.path.join(self.folder, name)
+        # A piece without its checksums never counts; its files are removed all the same.
+        with writing(os.path.dirname(self.folder), f"{stem}.rows.npy", [f"{stem}.index.npy", f"{stem}.rows.npy"]):
+            os.makedirs(self.folder, exist_ok=True)
+            sums = {"index": sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index)),
+                    "rows": sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))}
+            sh._atomic_json(stem + SUMS, sums)
+        checksums.stamp_written(self.folder, [{"name": f"{name}.rows", **sums["rows"]}])
         self.index, self.rows, self.pending = [], [], 0
 
 
@@ -226,7 +275,8 @@ def pack(folder: str, where: Where, shard_ids, labels: np.ndarray) -> None:
         rows = gather(where, index, opened)
         writer = sh.ShardWriter(folder, name, len(index), rows.shape[1:], STORAGE)
         writer.add(rows, labels[index])
-        writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")))
+        with writing(folder, os.path.join(folder, f"{name}.npy")):
+            writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")))
 
 
 def read_manifest_or_none(folder: str) -> Optional[Dict]:

@@ -13,6 +13,7 @@ epoch's remainder) are split over the ranks and encoded, shard s is packed by ra
 rank 0 writes the manifest; from then on the cache is read as `dit extract`'s shards.
 """
 
+import os
 import sys
 import time
 from typing import Optional
@@ -167,9 +168,10 @@ class CacheEncoder:
             barrier()
             if self.rank == 0:
                 total = lc.num_shards(len(ds))
-                finish_shards(root, [lc.sh.shard_name(s, total) for s in range(total)], ds.class_names, plan["vae"],
-                              plan["scaling_factor"], plan["shift_factor"], plan["image_size"], True, "mean_std",
-                              lc.STORAGE, list(ds.latent_shape), ds.data_path)
+                with lc.writing(root, os.path.join(root, lc.sh.MANIFEST)):
+                    finish_shards(root, [lc.sh.shard_name(s, total) for s in range(total)], ds.class_names, plan["vae"],
+                                  plan["scaling_factor"], plan["shift_factor"], plan["image_size"], True, "mean_std",
+                                  lc.STORAGE, list(ds.latent_shape), ds.data_path)
                 lc.remove_pieces(root)
             barrier()
         if self.bar is not None:
@@ -182,7 +184,7 @@ class CacheEncoder:
         self.vae = ds.vae = None  # the VAE's memory goes back to the model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        shards = LatentShards(root, random_flip=ds.random_flip, seed=ds.seed)
+        shards = LatentShards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
         shards.source = ds.source
         return shards
 
