@@ -90,19 +90,21 @@ def _assert_same_weights(a, b):
         assert k == k2 and torch.equal(v, v2), k
 
 
-@pytest.mark.parametrize("sampler", ["uniform", "loss-second-moment", "transport"])
+@pytest.mark.parametrize("sampler", ["uniform", "loss-second-moment", "transport", "routing"])
 def test_resume_is_exact(tmp_path, sampler):
     data = write_npy_latents(tmp_path / "latents", n=24)
     # "transport": SiT with logit-normal t, the second objective, resumed the same way.
     objective = {"objective": "transport", "transport": {"t_sampler": "logit-normal"},
                  "model": {"name": "SiT-S/2"}} if sampler == "transport" else {}
+    # "routing": token routing draws its subsets from the same generator, so they resume too.
+    routing = {"routing_keep": 0.5, "routing_start": 0, "routing_end": 1} if sampler == "routing" else {}
 
     def cfg(out, steps):
         return tiny_config(out, data={"path": str(data), "random_flip": True, "num_workers": 1},
-                           diffusion={"timestep_sampler": "uniform" if sampler == "transport" else sampler},
+                           diffusion={"timestep_sampler": sampler if sampler in ("uniform", "loss-second-moment") else "uniform"},
                            **objective,
                            train={"max_steps": steps, "global_batch_size": 8, "grad_accum_steps": 2,
-                                  "mixed_precision": "bf16"},
+                                  "mixed_precision": "bf16", **routing},
                            optim={"warmup_steps": 5, "max_grad_norm": 1.0},
                            checkpoint={"save_steps": 10})
 

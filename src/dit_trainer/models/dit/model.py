@@ -14,6 +14,7 @@ from dit_trainer.models.dit.sizes import PATCHES
 from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.guidance import guided_forward
 from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, set_io, timestep_embedding, unpatchify
+from dit_trainer.models.routing import run_blocks
 
 
 def modulate(x, shift, scale):
@@ -176,15 +177,15 @@ class DiT(nn.Module):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None):
         """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class; the trainer draws it from
-        its own seeded generator so that every parallel layout drops the same labels.
+        its own seeded generator so that every parallel layout drops the same labels. `route`
+        (a `TokenRoute`, training only) sends a subset of the tokens through a span of blocks.
         """
         tokens, c = self.embed(x, t, y, force_drop_ids)
-        for block in self.blocks:
-            tokens = block(tokens, c)
+        tokens = run_blocks(self.blocks, tokens, c, route if self.training else None)
         return self.head(tokens, c)
 
     def forward_with_cfg(self, x, t, y, cfg_scale, cfg_channels=None):

@@ -27,11 +27,14 @@ def apply_rope(x, cos, sin):
     """Rotate (B, T, H, D) by position; pairs are adjacent channels (2i, 2i+1), as in the release.
 
     The rotation runs in float32 whatever the activation dtype, as the release does, because
-    bf16 angles lose the positions of far tokens.
+    bf16 angles lose the positions of far tokens. `cos` and `sin` are the table of positions
+    (T', D/2), of which the first T apply, or each token's own rows (B, T, D/2).
     """
     xf = x.float().unflatten(-1, (-1, 2))
     x0, x1 = xf[..., 0], xf[..., 1]
-    cos, sin = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
+    if cos.dim() == 2:
+        cos, sin = cos[: x.shape[1]], sin[: x.shape[1]]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).type_as(x)
 
@@ -95,11 +98,14 @@ class Attention(nn.Module):
         cos, sin = rope_cos_sin(self.head_dim, self.n_tokens, self.theta, device=self.rope_cos.device)
         self.rope_cos, self.rope_sin = cos, sin
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
         q = self.q_norm(self.wq(x)).unflatten(-1, (-1, self.head_dim))
         k = self.k_norm(self.wk(x)).unflatten(-1, (-1, self.head_dim))
         v = self.wv(x).unflatten(-1, (-1, self.head_dim))
-        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        cos, sin = self.rope_cos, self.rope_sin
+        if positions is not None:  # routed tokens (B, T): each keeps its own position's rotation
+            cos, sin = cos[positions], sin[positions]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Query head i reads kv head i // (n_heads / n_kv_heads), the release's repeat order.
         out = attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=q.shape[2] != k.shape[2]
@@ -139,9 +145,11 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(cond_dim(dim), 6 * dim, bias=True))
 
-    def forward(self, x, c):
+    def forward(self, x, c, positions=None):
+        """`positions` (B, T): the token indices of x when it holds a routed subset of the image's tokens."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        x = x + gate_msa.unsqueeze(1) * self.attention(modulate(self.attention_norm(x), shift_msa, scale_msa))
+        attn_in = modulate(self.attention_norm(x), shift_msa, scale_msa)
+        x = x + gate_msa.unsqueeze(1) * self.attention(attn_in, positions)
         x = x + gate_mlp.unsqueeze(1) * self.feed_forward(modulate(self.ffn_norm(x), shift_mlp, scale_mlp))
         return x
 
