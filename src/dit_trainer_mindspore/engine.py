@@ -30,6 +30,8 @@ class MindSporeTrainer:
         if cfg.train.mixed_precision == "fp16" or cfg.train.grad_accum_steps != 1:
             raise ConfigError("backend mindspore trains in fp32 without accumulation; set train.mixed_precision fp32 "
                               "and train.grad_accum_steps 1")
+        if cfg.train.routing_keep < 1:
+            raise ConfigError("train.routing_keep < 1 (token routing) is not supported with backend mindspore; set it 1")
         # bf16 (the config default) has no CPU benefit here: the engine trains in fp32.
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_seed(cfg.train.seed)

@@ -129,6 +129,12 @@ def option_sections(layout: str) -> dict:
     return OPTIONS[head[4:]][1] if head.startswith("opt-") else {}
 
 
+# Token routing (half the tokens skip the middle two blocks) under the sharded layouts, against
+# a routed 1-process run; Large-DiT's routed tokens keep their rotary positions through TP and AC.
+ROUTING = {"routing_keep": 0.5, "routing_start": 1, "routing_end": -1}
+LAYOUTS_2.update({"routed_fsdp": LAYOUTS_2["fsdp"], "routed_tp": LAYOUTS_2["tp"], "ldit_routed_tp": LAYOUTS_2["tp"]})
+
+
 def kind_of(layout: str) -> str:
     """Which tiny model a layout's run trains: "dit", "sit" or "ldit"."""
     head = layout.split("_")[0]
@@ -137,8 +143,15 @@ def kind_of(layout: str) -> str:
     return head if head in TINY_MODELS else "dit"
 
 
+def reference_of(layout: str) -> str:
+    """The 1-process run a layout's run must equal: same model, same routing."""
+    kind = kind_of(layout)
+    return f"{'' if kind == 'dit' else kind + '_'}{'routed_' if 'routed' in layout else ''}reference"
+
+
 # Activation checkpointing rides along on two layouts (it must not change a single bit).
 LAYOUT_TRAIN = {"hsdp": {"activation_checkpointing": "full"}, "fsdp_tp": {"activation_checkpointing": "selective"}}
+LAYOUT_TRAIN.update(routed_fsdp=ROUTING, routed_tp=ROUTING, ldit_routed_tp={**ROUTING, "activation_checkpointing": "full"})
 
 
 def final_weights(run, step=STEPS):

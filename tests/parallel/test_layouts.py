@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import LAYOUTS_2, LAYOUTS_4, STEPS, deterministic, final_weights, launch, kind_of, read_losses
+from _common import (LAYOUTS_2, LAYOUTS_4, ROUTING, STEPS, deterministic, final_weights, launch, read_losses,
+                     reference_of)
 from _common import train_one_process as _single_process
 
 pytestmark = pytest.mark.distributed
@@ -29,6 +30,8 @@ def runs(tmp_path_factory):
         _single_process(out / "single_sharded", checkpoint={"sharded": True})
         _single_process(out / "sit_reference", kind="sit")
         _single_process(out / "ldit_reference", kind="ldit")
+        _single_process(out / "routed_reference", train=ROUTING)
+        _single_process(out / "ldit_routed_reference", kind="ldit", train=ROUTING)
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
     resume = ",".join(f"{name}={out / src / 'checkpoints' / 'step-00000005'}" for name, src in RESUME_4)
     launch(4, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_4), "--resume", resume)
@@ -48,7 +51,7 @@ def _assert_losses_match(got: dict, ref: dict, steps):
 
 @pytest.mark.parametrize("layout", ["single_sharded", *LAYOUTS_2, *LAYOUTS_4])
 def test_layout_matches_single_process(runs, layout):
-    reference = runs / ("reference" if kind_of(layout) == "dit" else f"{kind_of(layout)}_reference")
+    reference = runs / reference_of(layout)
     ref = read_losses(reference)
     _assert_losses_match(read_losses(runs / layout), ref, range(1, STEPS + 1))
     # Gradients are averaged, not summed, over data-parallel ranks (and the norm spans TP shards and PP stages).
@@ -65,7 +68,7 @@ def test_layout_matches_single_process(runs, layout):
 
 @pytest.mark.parametrize("layout,source", RESUME_4)
 def test_resume_on_four_ranks(runs, layout, source):
-    ref = read_losses(runs / ("reference" if kind_of(layout) == "dit" else f"{kind_of(layout)}_reference"))
+    ref = read_losses(runs / reference_of(layout))
     _assert_losses_match(read_losses(runs / f"resume_{layout}_{source}"), ref, range(6, STEPS + 1))
 
 

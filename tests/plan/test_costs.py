@@ -70,6 +70,23 @@ def test_forward_flops_are_the_family_flops_fn(name, options):
     assert 3 * per_image == pytest.approx(spec.flops_fn(model), rel=1e-12)
 
 
+def test_routed_forward_flops_are_the_flops_fn_of_the_routed_blocks():
+    """Token routing: the planner's averaged block work is what the trainer's MFU counts block by block."""
+    from dit_trainer.models.routing import TokenRouting
+
+    cfg = build_config({"output_dir": "unused", "model": {"name": "DiT-XL/2"},
+                            "train": {"routing_keep": 0.5, "routing_start": 2, "routing_end": -2}})
+    spec = get_spec("DiT-XL/2")
+    with torch.device("meta"):
+        model = spec.build_model_fn(cfg)
+    full = spec.costs_fn(cfg)
+    per_block = TokenRouting.from_config(cfg.train, full.depth, full.tokens).tokens_per_block()
+    c = full.routed(per_block)
+    per_image = c.depth * (c.block_flops * c.tokens + c.block_flops_per_image) + c.edge_flops * c.tokens
+    assert 3 * per_image == pytest.approx(spec.flops_fn(model, tokens_per_block=per_block), rel=1e-12)
+    assert c.block_flops < 0.6 * full.block_flops and c.attention_share == pytest.approx((4 + 24 / 4) / 28)
+
+
 _TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "input_size": 8}
 
 

@@ -76,6 +76,16 @@ def test_pinned_checkpointing_and_compile_are_kept():
     assert {p.layout.ac for p in plans} == {"full"} and not any(p.layout.compile for p in plans)
 
 
+def test_token_routing_is_priced_faster_and_never_pipelined():
+    def plans(*flags):
+        return plan_layouts(make_request(load_config(None, ["--model.name", "DiT-XL/2", *flags]), 8, 8, "h100", 80))
+
+    full, routed = plans(), plans("--train.routing_keep", "0.5")
+    assert any(p.layout.pp > 1 for p in full) and not any(p.layout.pp > 1 for p in routed)
+    same = {p.layout: p.time.compute for p in full}
+    assert all(p.time.compute < 0.75 * same[p.layout] for p in routed)  # 24 of 28 blocks on half the tokens
+
+
 def test_apply_auto_layout_writes_the_top_plan_and_the_config_keeps_it(tmp_path):
     cfg = _cfg()
     cfg.parallel.layout = "auto"

@@ -99,6 +99,8 @@ _RESUME_CASES = {
     "lognormal+min-snr": {"diffusion": {"timestep_sampler": "lognormal", "loss_weighting": "min-snr"}},
     "transport-direction": {"objective": "transport", "transport": {"direction_loss_weight": 0.5},
                             "model": {"name": "SiT-S/2"}},
+    # token routing draws its subsets from the same generator, so they resume too
+    "routing": {"train": {"routing_keep": 0.5, "routing_start": 0, "routing_end": 1}},
     # DiT with RMSNorm, SwiGLU, 2-D RoPE and q/k norms
     "block_options": {"model": {"norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True}},
 }
@@ -107,12 +109,13 @@ _RESUME_CASES = {
 @pytest.mark.parametrize("sampler", list(_RESUME_CASES))
 def test_resume_is_exact(tmp_path, sampler):
     data = write_npy_latents(tmp_path / "latents", n=24)
+    case = dict(_RESUME_CASES[sampler])
+    routing = case.pop("train", {})
 
     def cfg(out, steps):
-        return tiny_config(out, data={"path": str(data), "random_flip": True, "num_workers": 1},
-                           **_RESUME_CASES[sampler],
+        return tiny_config(out, data={"path": str(data), "random_flip": True, "num_workers": 1}, **case,
                            train={"max_steps": steps, "global_batch_size": 8, "grad_accum_steps": 2,
-                                  "mixed_precision": "bf16"},
+                                  "mixed_precision": "bf16", **routing},
                            optim={"warmup_steps": 5, "max_grad_norm": 1.0},
                            checkpoint={"save_steps": 10})
 

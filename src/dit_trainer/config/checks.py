@@ -35,6 +35,7 @@ _RANGES = (
     ("train.grad_accum_steps", lambda v: v > 0, "a positive integer"),
     ("train.seed", lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
     ("train.ema_decay", lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.9999"),
+    ("train.routing_keep", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.5; 1 routes no token"),
     ("train.activation_memory_budget", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.8; 1 keeps every activation"),
     ("checkpoint.save_steps", lambda v: v > 0, "a positive integer"),
     ("checkpoint.save_total_limit", lambda v: v >= 0, "0 (keep all) or more"),

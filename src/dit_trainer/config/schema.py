@@ -87,6 +87,9 @@ class TrainConfig:
     activation_memory_budget: float = 0.8  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping
+    routing_keep: float = 1.0  # token routing (TREAD): share of each image's tokens that go through blocks [routing_start, routing_end) during training, a fresh random subset each step; the rest skip them and rejoin after; 1 is off; inference always uses every token
+    routing_start: int = 2  # first block of the routed span (TREAD's: the first two blocks see every token)
+    routing_end: int = -2  # end of the routed span, exclusive; negative counts from the last block (-2: the last two blocks see every token)
 
 
 @dataclass

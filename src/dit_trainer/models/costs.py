@@ -87,6 +87,7 @@ class ModelCosts:
     tp_divides: tuple = ()  # counts `parallel.tp` must divide
     tp_modules: int = 0  # modules of a block tensor parallelism wraps (each adds DTensor dispatch)
     tp_allreduces: tuple = (2, 2)  # all-reduces of one block's (forward, backward) under tensor parallelism
+    attention_share: float = 1.0  # a block's attention work over a full block's, averaged over blocks (token routing)
 
     @property
     def trainable(self) -> int:
@@ -103,6 +104,17 @@ class ModelCosts:
     def with_depth(self, depth: int) -> "ModelCosts":
         """The same model with another number of blocks."""
         return replace(self, depth=depth)
+
+    def routed(self, tokens_per_block) -> "ModelCosts":
+        """The work of a run whose blocks compute on `tokens_per_block` tokens per image (token routing),
+        averaged over the blocks: weights scale with a block's share of the tokens, attention with its
+        square. What the blocks keep for the backward is left at every token's (an upper bound)."""
+        shares = [t / self.tokens for t in tokens_per_block]
+        linear, square = sum(shares) / len(shares), sum(s * s for s in shares) / len(shares)
+        attention = 4 * self.tokens * self.hidden
+        return replace(self, block_flops=(self.block_flops - attention) * linear + attention * square,
+                       attention_share=square,
+                       elementwise={k: v * (square if k == "softmax" else linear) for k, v in self.elementwise.items()})
 
 
 def transformer_costs(name, depth, tokens, hidden, heads, block, first, last, token_weights, **family) -> ModelCosts:

@@ -56,9 +56,10 @@ class Attention(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
+        """`positions` (B, N): the token indices of x when it holds a routed subset (RoPE reads them)."""
         if self.qk_norm or self.rope_grid:
-            return self.proj(self._attend_with_options(x))
+            return self.proj(self._attend_with_options(x, positions))
         B, N, _ = x.shape
         # The head count is read from the tensor, not `num_heads`: under tensor parallelism each
         # rank holds only its own heads of q, k and v.
@@ -68,14 +69,17 @@ class Attention(nn.Module):
         x = x.transpose(1, 2).reshape(B, N, -1)
         return self.proj(x)
 
-    def _attend_with_options(self, x):
+    def _attend_with_options(self, x, positions=None):
         # (B, N, H, D) per head, the layout the norms and apply_rope take; the release's path above
         # is kept apart so that its kernels (and bits) stay the same.
         q, k, v = self.qkv(x).unflatten(-1, (3, -1, self.head_dim)).unbind(2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_grid:
-            q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+            cos, sin = self.rope_cos, self.rope_sin
+            if positions is not None:  # routed tokens keep their own places' rotation
+                cos, sin = cos[positions], sin[positions]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return out.transpose(1, 2).flatten(2)
 

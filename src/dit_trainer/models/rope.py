@@ -38,10 +38,13 @@ def apply_rope(x, cos, sin):
     """Rotate (B, T, H, D) by position; pairs are adjacent channels (2i, 2i+1), as in the release.
 
     The rotation runs in float32 whatever the activation dtype, as the release does, because
-    bf16 angles lose the positions of far tokens.
+    bf16 angles lose the positions of far tokens. `cos` and `sin` are the table of positions
+    (T', D/2), of which the first T apply, or each token's own rows (B, T, D/2) (routed tokens).
     """
     xf = x.float().unflatten(-1, (-1, 2))
     x0, x1 = xf[..., 0], xf[..., 1]
-    cos, sin = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
+    if cos.dim() == 2:
+        cos, sin = cos[: x.shape[1]], sin[: x.shape[1]]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).type_as(x)

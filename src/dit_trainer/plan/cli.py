@@ -44,7 +44,7 @@ def run(args) -> int:
     from dit_trainer.models import get_spec
     from dit_trainer.plan.hardware import parse_memory
     from dit_trainer.plan.report import render
-    from dit_trainer.plan.search import make_request, plan_layouts
+    from dit_trainer.plan.search import make_request, model_costs, plan_layouts
 
     from dit_trainer.errors import ConfigError
 
@@ -64,6 +64,6 @@ def run(args) -> int:
     memory = parse_memory(args.gpu_memory) if args.gpu_memory else 0.0
     request = make_request(cfg, args.gpus, args.gpus_per_node or 0, args.hardware, memory)
     plans = plan_layouts(request)
-    print(render(request, get_spec(cfg.model.name).costs_fn(cfg), plans, args.top, args.unfit))
+    print(render(request, model_costs(cfg), plans, args.top, args.unfit))
     return 0 if any(p.fits for p in plans) else 1
 

@@ -10,6 +10,14 @@ def micro(layout) -> str:
     return f"accum {layout.microbatches}" if layout.microbatches > 1 else "-"
 
 
+def routed(cfg) -> str:
+    """The header's note of the run's token routing (e.g. ", token routing keep 0.5 of blocks [2, -2)"), or ""."""
+    t = cfg.train
+    if t.routing_keep >= 1:
+        return ""
+    return f", token routing keep {t.routing_keep:g} of blocks [{t.routing_start}, {t.routing_end})"
+
+
 def header(request, costs, plans) -> str:
     """Model, batch, machine and what was searched."""
     cfg, hw = request.cfg, request.hardware
@@ -18,7 +26,7 @@ def header(request, costs, plans) -> str:
     nodes = -(-request.gpus // request.gpus_per_node)
     return (f"{costs.name}: {params / 1e9:.3g}B parameters, {costs.depth} blocks, {costs.tokens} tokens per image "
             f"({cfg.model.input_size}x{cfg.model.input_size} latents), global batch {cfg.train.global_batch_size}, "
-            f"{cfg.train.mixed_precision}\n"
+            f"{cfg.train.mixed_precision}{routed(cfg)}\n"
             f"{request.gpus} x {hw.name} ({nodes} node{'s' * (nodes > 1)} of {request.gpus_per_node}), "
             f"{request.usable_bytes / GIB:.1f} GiB usable per rank; profile: {hw.source or hw.name}\n"
             f"{len(plans)} layouts priced, {fitting} fit")

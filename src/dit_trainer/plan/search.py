@@ -6,6 +6,7 @@ from dit_trainer.config import given_keys
 from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, COMPILE_MIN_PARAMS
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
+from dit_trainer.models.routing import TokenRouting
 from dit_trainer.plan.hardware import load_hardware
 from dit_trainer.plan.layouts import AC_POLICIES, Layout, candidate_layouts
 from dit_trainer.plan.memory import Numerics, rank_memory
@@ -87,13 +88,20 @@ def _choices(request, costs):
     return ac, compiled
 
 
-def plan_layouts(request: Request) -> list:
-    """Every candidate Plan, those that fit first, fastest first; then the rest by how little they need."""
-    cfg = request.cfg
+def model_costs(cfg):
+    """The family's counts for `cfg`'s model, its blocks' work that of the tokens `train.routing_*` keeps."""
     spec = get_spec(cfg.model.name)
     if spec.costs_fn is None:
         raise ConfigError(f"model {spec.name} has no cost model (ModelSpec.costs_fn); set parallel.layout manual")
     costs = spec.costs_fn(cfg)
+    routing = TokenRouting.from_config(cfg.train, costs.depth, costs.tokens)
+    return costs.routed(routing.tokens_per_block()) if routing else costs
+
+
+def plan_layouts(request: Request) -> list:
+    """Every candidate Plan, those that fit first, fastest first; then the rest by how little they need."""
+    cfg = request.cfg
+    costs = model_costs(cfg)
     numerics = Numerics.of(cfg.train.mixed_precision, request.hardware.device)
     machine = Machine(request.gpus, request.gpus_per_node, request.hardware)
     batch = cfg.train.global_batch_size
@@ -101,6 +109,8 @@ def plan_layouts(request: Request) -> list:
     plans = []
     for layout in candidate_layouts(request.gpus, request.gpus_per_node, costs.depth, batch, costs.tp_divides,
                                     ac_choices=ac, compile_choices=compiled):
+        if layout.pp > 1 and cfg.train.routing_keep < 1:
+            continue  # token routing does not run pipelined (train/preflight.py)
         if layout.compile and "train.activation_memory_budget" in request.pinned and layout.budget != 1.0:
             layout = Layout(**{**layout.__dict__, "budget": cfg.train.activation_memory_budget})
         plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics),

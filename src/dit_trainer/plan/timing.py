@@ -76,7 +76,8 @@ def _compute(costs, layout, machine, numerics, tokens, blocks, first, last):
     """(forward+backward seconds, recompute seconds) of one rank's blocks and edges over `tokens`."""
     hw, tp, n = machine.hardware, layout.tp, costs.tokens
     mm_rate = hw.matmul_rate(tokens / layout.microbatches, numerics.act_bytes)
-    attention = 4 * n * costs.hidden / tp  # forward FLOPs per token of q kᵀ and the weighted sum
+    # Forward FLOPs per token of q kᵀ and the weighted sum (less where token routing shortens blocks).
+    attention = 4 * n * costs.hidden / tp * costs.attention_share
     fwd_flops = tokens * (blocks * (costs.block_flops / tp + costs.block_flops_per_image / n)
                           + (first + last) / 2 * costs.edge_flops)
     elementwise = 0.0

@@ -41,13 +41,16 @@ class ForwardBackward:
             stack.enter_context(functorch_config.patch(activation_memory_budget=self.memory_budget))
         return stack
 
-    def loss_and_grads(self, x, y, draws, drop) -> torch.Tensor:
-        """The step's mean loss (on the device), gradients accumulated into the parameters."""
+    def loss_and_grads(self, x, y, draws, drop, route=None) -> torch.Tensor:
+        """The step's mean loss (on the device), gradients accumulated into the parameters; `route`:
+        the token routing of this rank's images (models.routing.TokenRoute) or None."""
         for part in self.model_parts:
             part.train()
-        return self._pipelined(x, y, draws, drop) if self.pipeline else self._accumulated(x, y, draws, drop)
+        if self.pipeline:
+            return self._pipelined(x, y, draws, drop)  # preflight refuses routing under PP
+        return self._accumulated(x, y, draws, drop, route)
 
-    def _accumulated(self, x, y, draws, drop):
+    def _accumulated(self, x, y, draws, drop, route=None):
         (model,) = self.model_parts
         local = x.shape[0]
         accum = self.grad_accum_steps
@@ -60,8 +63,10 @@ class ForwardBackward:
             with self._no_sync(m < accum - 1):
                 x_t, t = self.objective.model_input(x[sl], part)
                 # Autocast only the network; the objective's arithmetic around it stays in float32.
+                # Only a routed run passes `route`: a registered model need not know the keyword.
+                routed = {} if route is None else {"route": route.part(sl)}
                 with self.forward_context():
-                    out = model(x_t, t, y=y[sl], force_drop_ids=drop[sl])
+                    out = model(x_t, t, y=y[sl], force_drop_ids=drop[sl], **routed)
                 losses = self.objective.loss(out.float(), x[sl], part)
                 self.objective.observe(part, losses.detach())
                 loss = losses.mean() / accum

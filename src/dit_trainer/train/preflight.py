@@ -62,14 +62,17 @@ def check_grid_vae(cfg) -> None:
 
 
 def check_layout(cfg, dims) -> None:
-    """One-line ConfigErrors for a batch or timestep sampler this parallel layout cannot split."""
-    if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler == "loss-second-moment" and cfg.objective == "diffusion":
+    """One-line ConfigErrors for a batch, timestep sampler or token routing this parallel layout cannot split."""
+    if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler != "uniform" and cfg.objective == "diffusion":
         # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
         raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
     local = dims.local_batch_size(cfg.train.global_batch_size)
     if local % cfg.train.grad_accum_steps:  # checked before the run folder is touched
         raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {cfg.train.grad_accum_steps}")
     if dims.pp_enabled:
+        if cfg.train.routing_keep < 1:
+            raise ConfigError("train.routing_keep < 1 (token routing) does not run with parallel.pp > 1: its span of "
+                              "blocks would cross the stages; set parallel.pp 1 or train.routing_keep 1")
         if cfg.train.grad_accum_steps > 1:
             raise ConfigError("train.grad_accum_steps > 1 with parallel.pp > 1: raise parallel.pp_microbatches instead")
         if local % cfg.parallel.pp_microbatches:

@@ -23,6 +23,7 @@ from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import CheckpointError, ConfigError, DataError
 from dit_trainer.fs import write_error_text
 from dit_trainer.models import get_spec
+from dit_trainer.models.routing import TokenRouting
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
@@ -70,8 +71,11 @@ class DiTTrainer:
         if cfg.model.weights_path:
             load_pretrained(model, self.spec, pretrained.state_dict, cfg.model.weights_path, log=self.is_main)
         model.to(self.device)
-        # Counted on the whole model, before parallelism splits its weights.
-        self.flops_per_image = self.spec.flops_fn(model) if self.spec.flops_fn else None
+        # Token routing: which tokens skip which blocks is drawn each step with the objective's draws.
+        self.routing = TokenRouting.for_model(cfg.train, model)
+        # Counted on the whole model, before parallelism splits its weights (routed blocks on their kept tokens).
+        routed = {"tokens_per_block": self.routing.tokens_per_block()} if self.routing else {}
+        self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         # auto becomes true/false here, so the run folder's config.yaml (and a resume) says which.
         compiled = resolve_compile(cfg, model, self.device, self.spec.parallelize_fn is not None)
@@ -162,8 +166,9 @@ class DiTTrainer:
     def _prepare(self, batch):
         """This rank's (x, y) on the device, and its slice of the global batch's randomness.
 
-        The objective's draws and the label-dropout mask are drawn for the whole global batch on
-        the CPU, in that order; the order is part of the contract that resume and parity replay.
+        The objective's draws, the label-dropout mask and the token routing (when on) are drawn for
+        the whole global batch on the CPU, in that order; the order is part of the contract that
+        resume and parity replay.
         """
         x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
         x = x.to(self.device, dtype=torch.float32, non_blocking=True)
@@ -173,7 +178,9 @@ class DiTTrainer:
         draws = self.objective.draw(n, self.sample_shape, self.generator, torch.device("cpu"))
         drop = (torch.rand(n, generator=self.generator) < self.cfg.model.class_dropout_prob).long()
         draws = {k: self._to_device(v[lo:lo + local]) for k, v in draws.items()}
-        return x, y, draws, self._to_device(drop[lo:lo + local])
+        # Routing off draws nothing: the generator's stream stays the release's.
+        route = self.routing.draw(n, self.generator).part(slice(lo, lo + local), self._to_device) if self.routing else None
+        return x, y, draws, self._to_device(drop[lo:lo + local]), route
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -184,9 +191,9 @@ class DiTTrainer:
     def queue_step(self, batch) -> torch.Tensor:
         """One optimizer step on this rank's share of a global batch, without waiting for its results
         where the device can check them itself; returns the rank's loss (a device tensor)."""
-        x, y, draws, drop = self._prepare(batch)
+        x, y, draws, drop, route = self._prepare(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward.loss_and_grads(x, y, draws, drop)
+        loss = self.forward_backward.loss_and_grads(x, y, draws, drop, route)
         self.update.apply_or_skip(loss, stop=self._stop is not None, done=self.step)
         self.step += 1
         return loss

@@ -15,6 +15,7 @@ from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.guidance import guided_forward
 from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, get_2d_sincos_pos_embed, set_io,
                                        timestep_embedding, unpatchify)
+from dit_trainer.models.routing import run_blocks
 
 
 def modulate(x, shift, scale):
@@ -85,9 +86,10 @@ class DiTBlock(nn.Module):
             self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
 
-    def forward(self, x, c):
+    def forward(self, x, c, positions=None):
+        """`positions` (B, N): the token indices of x when it holds a routed subset (RoPE reads them)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), positions)
         x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
         return x
 
@@ -140,6 +142,7 @@ class DiT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
         # The block options keep the absolute sin-cos positions too, as LightningDiT does with RoPE.
         options = {"norm": norm, "mlp": mlp, "qk_norm": qk_norm, "rope_grid": input_size // patch_size if rope else 0}
+        self.rope = bool(rope)  # routed tokens then carry their indices into the blocks
         self.blocks = nn.ModuleList(
             [DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio, mlp_norm_eps=mlp_norm_eps, **options)
              for _ in range(depth)])
@@ -192,15 +195,15 @@ class DiT(nn.Module):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None):
         """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class; the trainer draws it from
-        its own seeded generator so that every parallel layout drops the same labels.
+        its own seeded generator so that every parallel layout drops the same labels. `route`
+        (a `TokenRoute`, training only) sends a subset of the tokens through a span of blocks.
         """
         tokens, c = self.embed(x, t, y, force_drop_ids)
-        for block in self.blocks:
-            tokens = block(tokens, c)
+        tokens = run_blocks(self.blocks, tokens, c, route if self.training else None, rotary=self.rope)
         return self.head(tokens, c)
 
     def forward_with_cfg(self, x, t, y, cfg_scale, cfg_channels=None):

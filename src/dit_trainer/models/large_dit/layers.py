@@ -77,11 +77,14 @@ class Attention(nn.Module):
         cos, sin = rope_cos_sin(self.head_dim, self.n_tokens, self.theta, device=self.rope_cos.device)
         self.rope_cos, self.rope_sin = cos, sin
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
         q = self.q_norm(self.wq(x)).unflatten(-1, (-1, self.head_dim))
         k = self.k_norm(self.wk(x)).unflatten(-1, (-1, self.head_dim))
         v = self.wv(x).unflatten(-1, (-1, self.head_dim))
-        q, k = apply_rope(q, self.rope_cos, self.rope_sin), apply_rope(k, self.rope_cos, self.rope_sin)
+        cos, sin = self.rope_cos, self.rope_sin
+        if positions is not None:  # routed tokens (B, T): each keeps its own position's rotation
+            cos, sin = cos[positions], sin[positions]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # Query head i reads kv head i // (n_heads / n_kv_heads), the release's repeat order.
         out = attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=q.shape[2] != k.shape[2]
@@ -107,9 +110,11 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(cond_dim(dim), 6 * dim, bias=True))
 
-    def forward(self, x, c):
+    def forward(self, x, c, positions=None):
+        """`positions` (B, T): the token indices of x when it holds a routed subset of the image's tokens."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
-        x = x + gate_msa.unsqueeze(1) * self.attention(modulate(self.attention_norm(x), shift_msa, scale_msa))
+        attn_in = modulate(self.attention_norm(x), shift_msa, scale_msa)
+        x = x + gate_msa.unsqueeze(1) * self.attention(attn_in, positions)
         x = x + gate_mlp.unsqueeze(1) * self.feed_forward(modulate(self.ffn_norm(x), shift_mlp, scale_mlp))
         return x
 

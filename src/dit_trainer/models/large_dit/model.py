@@ -16,6 +16,7 @@ from dit_trainer.models.layers import set_io, unpatchify
 from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
 from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, cond_dim
 from dit_trainer.models.large_dit.sizes import SIZES
+from dit_trainer.models.routing import run_blocks
 from dit_trainer.models.spec import build_kwargs
 
 
@@ -125,14 +126,15 @@ class DiT_Llama(nn.Module):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None):
         """x: (B, C, H, W), t: (B,), y: (B,) -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class, drawn by the trainer.
+        `route` (a `TokenRoute`, training only) sends a subset of the tokens through a span of
+        layers, each token rotated by its own position.
         """
         tokens, c = self.embed(x, t, y, force_drop_ids)
-        for layer in self._iter_layers():
-            tokens = layer(tokens, c)
+        tokens = run_blocks(self._iter_layers(), tokens, c, route if self.training else None, rotary=True)
         return self.head(tokens, c)
 
     def forward_with_cfg(self, x, t, y, cfg_scale, cfg_channels=None):
