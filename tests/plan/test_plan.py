@@ -78,7 +78,7 @@ def test_pinned_checkpointing_and_compile_are_kept():
 
 def test_token_routing_is_priced_faster_and_never_pipelined():
     def plans(*flags):
-        return plan_layouts(make_request(load_config(None, ["--model.name", "DiT-XL/2", *flags]), 8, 8, "h100", 80))
+        return plan_layouts(make_request(build_config(None, ["--model.name", "DiT-XL/2", *flags]), 8, 8, "h100", 80))
 
     full, routed = plans(), plans("--train.routing_keep", "0.5")
     assert any(p.layout.pp > 1 for p in full) and not any(p.layout.pp > 1 for p in routed)

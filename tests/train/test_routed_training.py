@@ -5,7 +5,7 @@ import pytest
 import torch
 from trainer_helpers import tiny_config
 
-from dit_trainer.config import config_from_dict
+from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models.dit.flops import dit_train_flops_per_image
 from dit_trainer.parallel import ParallelDims
@@ -46,7 +46,7 @@ def test_routing_changes_the_step_and_counts_only_the_kept_tokens_work(tmp_path)
 
 
 def test_routing_with_pipeline_parallel_is_refused_in_one_line(tmp_path):
-    cfg = config_from_dict(tiny_config(tmp_path, train=ROUTING, parallel={"pp": 2, "dp_shard": 1}))
+    cfg = build_config(tiny_config(tmp_path, train=ROUTING, parallel={"pp": 2, "dp_shard": 1}))
     with pytest.raises(ConfigError) as info:
         check_layout(cfg, ParallelDims(pp=2, dp_shard=1, world_size=2))
     assert "train.routing_keep" in str(info.value) and "parallel.pp" in str(info.value)
@@ -55,4 +55,4 @@ def test_routing_with_pipeline_parallel_is_refused_in_one_line(tmp_path):
 
 def test_routing_keep_out_of_range_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"train.routing_keep is 0.0; it must be a fraction in \(0, 1\]"):
-        config_from_dict(tiny_config(tmp_path, train={"routing_keep": 0}))
+        build_config(tiny_config(tmp_path, train={"routing_keep": 0}))
