@@ -108,7 +108,7 @@ LAYOUTS_4 = {
 LAYOUTS_2.update({f"{kind}_{name}": LAYOUTS_2[src] for kind in ("sit", "ldit")
                   for name, src in (("fsdp", "fsdp"), ("tp", "tp"), ("pp", "pp_1f1b"))})
 LAYOUTS_4["ldit_fsdp_tp"] = LAYOUTS_4["fsdp_tp"]
-# The block options' layers under TP (their plan) and FSDP, in a launch of their own (test_block_options).
+# The block options' layers under TP (their plan) and FSDP, in a launch of their own (test_block_options_layouts).
 BLOCK_OPTION_LAYOUTS = {"blockopts_tp": LAYOUTS_2["tp"], "blockopts_fsdp": LAYOUTS_2["fsdp"]}
 
 
