@@ -92,6 +92,11 @@ def test_shipped_configs_load():
     xl = build_config(root / "dit_xl2_imagenet256.yaml")
     assert (xl.model.name, xl.optim.lr, xl.optim.weight_decay, xl.train.global_batch_size, xl.train.ema_decay) == (
         "DiT-XL/2", 1e-4, 0.0, 256, 0.9999)
+    fast = build_config(root / "sit_xl2_imagenet256_accelerated.yaml")
+    assert (fast.objective, fast.train.routing_keep, fast.transport.t_sampler, fast.transport.direction_loss_weight) == (
+        "transport", 0.5, "logit-normal", 1.0)
+    assert {k: fast.model.options[k] for k in ("norm", "mlp", "rope", "qk_norm")} == {
+        "norm": "rmsnorm", "mlp": "swiglu", "rope": True, "qk_norm": True}
 
 
 def test_nested_dict():
