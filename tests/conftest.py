@@ -30,6 +30,17 @@ def pt_and_json(tmp_path):
 
 
 @pytest.fixture
+def one_thread():
+    """torch on one thread inside: tiny tensors lose more to thread hand-offs than they gain on a loaded 2-core machine."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
 def offline_hub(monkeypatch):
     """The Hugging Face Hub unreachable: every metadata probe fails at once; the list holds their timeouts."""
     import huggingface_hub

@@ -2,16 +2,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 # The tiny-run helpers live beside the trainer tests.
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny tensors: threading costs more than it gains on a loaded 2-core machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Every test here runs on one thread (tests/conftest.py's one_thread)."""

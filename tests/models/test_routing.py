@@ -13,6 +13,8 @@ from dit_trainer.models import DiT, SiT_models
 from dit_trainer.models.large_dit.model import DiT_Llama
 from dit_trainer.models.routing import TokenRoute, TokenRouting, run_blocks
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY_DIT = dict(input_size=8, in_channels=4, hidden_size=32, depth=4, num_heads=2, num_classes=5)
 TINY_LDIT = dict(input_size=8, in_channels=4, dim=32, n_layers=4, n_heads=2, n_kv_heads=1, num_classes=5, qk_norm=True)
 FAMILIES = {
@@ -22,14 +24,6 @@ FAMILIES = {
     "dit_rope": lambda: DiT(**TINY_DIT, rope=True, qk_norm=True),
     "large_dit": lambda: DiT_Llama(**TINY_LDIT),
 }
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _train(keep=0.5, start=1, end=-1):

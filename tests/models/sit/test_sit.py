@@ -11,15 +11,9 @@ from dit_trainer.models.dit import DiT
 from dit_trainer.transport.objective import TransportObjective
 from dit_trainer.transport import create_transport
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=5)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _randomised(model):
