@@ -11,6 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ttq():
+    # The script imports benchmarks/_common.py by its bare name, as `python benchmarks/...` runs it;
+    # tests/parallel's helpers of the same name may already be imported: set them aside meanwhile.
+    other = sys.modules.pop("_common", None)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         spec = importlib.util.spec_from_file_location("time_to_quality", ROOT / "benchmarks" / "time_to_quality.py")
@@ -19,6 +22,9 @@ def ttq():
         yield module
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+        sys.modules.pop("_common", None)
+        if other is not None:
+            sys.modules["_common"] = other
 
 
 def test_time_to_reach_interpolates_between_measured_points(ttq):
