@@ -63,7 +63,7 @@ def check_grid_vae(cfg) -> None:
 
 def check_layout(cfg, dims) -> None:
     """One-line ConfigErrors for a batch, timestep sampler or token routing this parallel layout cannot split."""
-    if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler != "uniform" and cfg.objective == "diffusion":
+    if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler == "loss-second-moment" and cfg.objective == "diffusion":
         # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
         raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
     local = dims.local_batch_size(cfg.train.global_batch_size)
