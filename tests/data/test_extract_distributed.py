@@ -84,6 +84,8 @@ def test_a_rank_whose_images_are_all_unreadable_lists_no_empty_shard(tmp_path):
         capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = read_manifest(tmp_path / "out")
-    assert m["shards"] == [{"name": "shard-00000", "count": 2}] and m["skipped"] == 1
+    # Each entry also carries the checksums a cache proves its shards by.
+    assert [{k: s[k] for k in ("name", "count")} for s in m["shards"]] == [{"name": "shard-00000", "count": 2}]
+    assert m["skipped"] == 1 and all(len(s["sha256"]) == 64 for s in m["shards"])
     assert verify(tmp_path / "out") == []
     assert len(open_latent_dataset(tmp_path / "out")) == 2  # what training opens
