@@ -5,11 +5,13 @@
 
 Every recipe is the demo's config (`dit demo`: DiT-S/4-shaped, 16x16 digits, pixel space) with a few
 keys changed. Per seed:
-1. a short probe run of each recipe measures its seconds per step, interleaved;
+1. short probe runs of each recipe measure its seconds per step: two rounds, the second in reverse order,
+   the median of their logged windows (the first window, warm-up, left out);
 2. the budget is the DiT recipe's time for `--steps` steps (the demo's training time); each recipe
-   then trains for as many steps as the budget buys it (at least `--steps`), checkpointing every
-   `--save-every` steps; training seconds up to a step are summed from metrics.jsonl (saves and
-   start-up left out, the same for every recipe);
+   then trains for as many steps as the budget buys it at its probed speed (at least `--steps`),
+   checkpointing every `--save-every` steps. A recipe's training seconds at a step are that step times
+   its probed seconds per step, so other load on the machine while the long runs go cannot favour one
+   recipe over another (each run's own wall time is kept in results.json beside it);
 3. the checkpoints nearest to 1/points ... points/points of the budget, and the one at `--steps`
    (equal steps), are sampled with `dit sample-ddp` (`--num-samples`, guidance `--cfg-scale`, the
    objective's default sampler) and scored with `dit eval --network digits --ref digits` (all 1,797
@@ -80,33 +82,23 @@ def write_config(folder: Path, seed: int, steps: int, save_every: int, log_steps
 
 
 def train(folder: Path, recipe: str, seed: int, steps: int, save_every: int, log_steps: int) -> list:
-    """Train `recipe` for `steps` steps in `folder`; [(step, training seconds so far)] from its metrics."""
+    """Train `recipe` for `steps` steps in `folder`; [(step, seconds per step)] of its logged windows."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     config = write_config(folder, seed, steps, save_every, log_steps)
     overrides = [a for key, value in RECIPES[recipe].items() for a in (f"--{key}", value)]
     dit(["train", "--config", config, "--checkpoint.resume", "false", "--checkpoint.on_existing", "overwrite", *overrides], folder.with_suffix(".log"))
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"s_per_step"' in line]
-    clock, last, times = 0.0, 0, [(0, 0.0)]
-    for r in rows:
-        clock += r["s_per_step"] * (r["step"] - last)
-        last = r["step"]
-        times.append((last, clock))
-    return times
+    return [(r["step"], r["s_per_step"]) for r in rows]
 
 
-def seconds_at(times: list, step: int) -> float:
-    """Training seconds up to `step`, interpolated between logged steps."""
-    for (s0, t0), (s1, t1) in zip(times, times[1:]):
-        if s0 <= step <= s1:
-            return t0 + (t1 - t0) * (step - s0) / max(s1 - s0, 1)
-    return times[-1][1]
-
-
-def probe_seconds_per_step(folder: Path, recipe: str, seed: int, steps: int) -> float:
-    """Median seconds per step of a short run, its first logged window (warm-up) left out."""
-    times = train(folder, recipe, seed, steps, steps, log_steps=10)
-    per = sorted((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(times[1:], times[2:]))
-    return per[len(per) // 2]
+def probe_speeds(base: Path, recipes: list, seed: int, steps: int, rounds: int = 2) -> dict:
+    """Median seconds per step of each recipe over `rounds` interleaved short runs, warm-up windows left out."""
+    windows = {r: [] for r in recipes}
+    for k in range(rounds):
+        for recipe in (recipes if k % 2 == 0 else recipes[::-1]):
+            windows[recipe] += [per for _, per in train(base / f"round-{k}" / recipe.replace("+", "_"), recipe, seed,
+                                                          steps, steps, log_steps=10)[1:]]
+    return {r: sorted(w)[len(w) // 2] for r, w in windows.items()}
 
 
 def score(folder: Path, step: int, args) -> float:
@@ -150,8 +142,7 @@ def time_to_reach(points: list, target: float):
 def run_seed(seed: int, recipes: list, args) -> list:
     """Every recipe on one seed: probe, train to the budget, score; one result dict per recipe."""
     base = Path(args.out) / f"seed-{seed}"
-    speed = {r: probe_seconds_per_step(base / "probe" / r.replace("+", "_"), r, seed, args.probe_steps)
-             for r in recipes}
+    speed = probe_speeds(base / "probe", recipes, seed, args.probe_steps)
     budget = speed[BASELINE] * args.steps
     print(f"seed {seed}: budget {budget:.0f} s ({args.steps} steps of {BASELINE} at {speed[BASELINE]:.3f} s/step)",
           flush=True)
@@ -161,12 +152,12 @@ def run_seed(seed: int, recipes: list, args) -> list:
         fit = args.save_every * round(budget / speed[recipe] / args.save_every)
         steps = max(args.steps, fit)
         t0 = time.perf_counter()
-        times = train(folder, recipe, seed, steps, args.save_every, log_steps=args.save_every)
+        train(folder, recipe, seed, steps, args.save_every, log_steps=args.save_every)
         saved = list(range(args.save_every, steps + 1, args.save_every))
-        want = {min(saved, key=lambda s: abs(seconds_at(times, s) - budget * k / args.points))
+        want = {min(saved, key=lambda s: abs(s * speed[recipe] - budget * k / args.points))
                 for k in range(1, args.points + 1)}
         want.add(args.steps)
-        curve = [(step, seconds_at(times, step), score(folder, step, args)) for step in sorted(want)]
+        curve = [(step, step * speed[recipe], score(folder, step, args)) for step in sorted(want)]
         save_grid(folder / f"samples-{max(want)}.npz", folder / "samples.png")
         results.append({"seed": seed, "recipe": recipe, "s_per_step": speed[recipe], "budget_s": budget,
                         "curve": curve, "wall_s": time.perf_counter() - t0})
@@ -204,7 +195,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1400, help="the DiT recipe's steps: the budget and the equal-steps point")
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--points", type=int, default=4, help="measured points along the budget")
-    p.add_argument("--probe-steps", type=int, default=40)
+    p.add_argument("--probe-steps", type=int, default=60)
     p.add_argument("--num-samples", type=int, default=1000)
     p.add_argument("--cfg-scale", type=float, default=1.5)
     p.add_argument("--sample-steps", type=int, default=25)

@@ -35,10 +35,14 @@ def test_time_to_reach_interpolates_between_measured_points(ttq):
     assert ttq.time_to_reach(points, 5.0) is None
 
 
-def test_seconds_at_sums_logged_windows(ttq):
-    times = [(0, 0.0), (50, 10.0), (100, 30.0)]
-    assert ttq.seconds_at(times, 50) == 10.0
-    assert ttq.seconds_at(times, 75) == pytest.approx(20.0)
+def test_probe_interleaves_rounds_and_takes_the_median_without_warm_up(ttq, monkeypatch, tmp_path):
+    order, speed = [], {"dit": [9.0, 1.0, 2.0, 3.0], "sit": [9.0, 5.0, 5.0, 7.0]}
+    def fake_train(folder, recipe, seed, steps, save_every, log_steps):
+        order.append(recipe)
+        return list(enumerate(speed[recipe]))
+    monkeypatch.setattr(ttq, "train", fake_train)
+    assert ttq.probe_speeds(tmp_path, ["dit", "sit"], seed=0, steps=40) == {"dit": 2.0, "sit": 5.0}
+    assert order == ["dit", "sit", "sit", "dit"]
 
 
 def test_report_names_the_speed_up_to_the_baseline_fid(ttq):
