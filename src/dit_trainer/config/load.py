@@ -7,6 +7,7 @@ value is checked, the data (when a caller passes `fill`) fills the shapes the us
 checked. What the user set is known only during that pass; the result holds no trace of it.
 """
 
+import copy
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -83,20 +84,15 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _changed(cfg: Config) -> set:
+    """The dotted keys of `cfg` that differ from the defaults, its family options included."""
+    default = Config()
+    keys = {key for key in all_keys() if key != "model.options" and _get(cfg, key) != _get(default, key)}
+    return keys | {f"model.{k}" for k in cfg.model.options}
+
+
 def _settings_of(config) -> dict:
-    """What the user set, as dotted keys: a Config's values that differ from the defaults (and its
-    family options), a nested or flat dict, or a YAML/JSON file's keys."""
-    if isinstance(config, Config):
-        default = Config()
-        out = {}
-        for key in all_keys():
-            if key == "model.options":
-                continue
-            value = _get(config, key)
-            if value != _get(default, key):
-                out[key] = value
-        out.update({f"model.{k}": v for k, v in config.model.options.items()})
-        return out
+    """What the user set, as dotted keys: a nested or flat dict, or a YAML/JSON file's keys."""
     if isinstance(config, (str, Path)):
         return read_settings(config)
     if isinstance(config, dict):
@@ -108,7 +104,7 @@ def _settings_of(config) -> dict:
 
 def given_keys(cfg: Config) -> set:
     """The dotted keys of a built Config that differ from the defaults (what the planner keeps as set)."""
-    return set(_settings_of(cfg))
+    return _changed(cfg)
 
 
 def _get(cfg, key: str):
@@ -120,24 +116,28 @@ def _get(cfg, key: str):
 Fill = Callable[[Config, frozenset], None]
 
 
-def build_config(source=None, overrides=None, shapes: Optional[Fill] = None) -> Config:
+def build_config(source=None, overrides=None, shapes: Optional[Fill] = None,
+                 runtime: Optional[Callable[[Config], None]] = None) -> Config:
     """The one way to a checked, resolved Config: from a YAML/JSON path, a nested or flat dict, or a Config.
 
     `overrides` (`--section.field value` words, or a dict of dotted keys) apply after `source`.
     `shapes(cfg, given)` (e.g. `data.loader.DataShapes`) runs after the values are checked and
     before the model is: it may set the keys not in `given` (the data's shapes) and raise on a
-    conflict with those that are. `objective: auto` becomes the model's own here; nothing changes
-    the result afterwards.
+    conflict with those that are. `runtime(cfg)` (e.g. `train.choices.RuntimeChoices`) then decides
+    the `auto` keys that depend on the machine (the layout, compile), and the values are checked
+    again. `objective: auto` becomes the model's own here; nothing changes the result afterwards.
     """
     from dit_trainer.config.checks import check_model, check_values
 
-    settings = _settings_of(source)
+    if isinstance(source, Config):
+        # Taken as it is, not rebuilt; its keys that differ from the defaults count as set (the data fills the rest).
+        cfg, given, settings = copy.deepcopy(source), _changed(source), {}
+    else:
+        cfg, given, settings = Config(), set(), _settings_of(source)
     if isinstance(overrides, dict):
         settings.update(flatten(overrides))
     elif overrides:
         settings = _with_overrides(settings, overrides)
-    cfg = Config()
-    given = set()
     for key, value in settings.items():
         given |= set_key(cfg, key, value)
     given |= _apply_model_file(cfg, given)
@@ -145,6 +145,9 @@ def build_config(source=None, overrides=None, shapes: Optional[Fill] = None) -> 
     if shapes is not None:
         shapes(cfg, frozenset(given))
     check_model(cfg)
+    if runtime is not None:
+        runtime(cfg)
+        check_values(cfg)
     return cfg
 
 
@@ -221,7 +224,7 @@ def backend_of(config) -> str:
     the engine that builds and checks the rest."""
     from dit_trainer.config.checks import ENGINES
 
-    backend = str(_settings_of(config).get("backend", "torch"))
+    backend = str(config.backend if isinstance(config, Config) else _settings_of(config).get("backend", "torch"))
     if backend not in ENGINES:
         raise ConfigError(f"backend {backend!r} is not one of {', '.join(ENGINES)}")
     return backend

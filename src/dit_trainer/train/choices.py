@@ -1,10 +1,31 @@
-"""What the trainer decides from the config and the device: the autocast dtype, the AdamW kernel,
-and whether `train.compile auto` compiles."""
+"""What the trainer decides from the config and the device: the `auto` keys (layout, compile),
+the autocast dtype and the AdamW kernel."""
 
 import torch
 
 from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, compile_repays
 from dit_trainer.errors import ConfigError
+
+
+class RuntimeChoices:
+    """`build_config`'s runtime step: `parallel.layout auto` and `train.compile auto` become what this
+    machine and world size get, so the checked config is final and the run folder's config.yaml
+    (and a resume) says what ran."""
+
+    def __call__(self, cfg) -> None:
+        """Write the decisions into `cfg` (called once, before the config's last check)."""
+        from dit_trainer.devices import resolve_device
+        from dit_trainer.models import get_spec
+        from dit_trainer.plan import apply_auto_layout
+
+        if cfg.parallel.layout == "auto":  # dit plan's fastest layout that fits this world size
+            apply_auto_layout(cfg)
+        if str(cfg.train.compile).lower() == "auto":
+            spec = get_spec(cfg.model.name)
+            with torch.device("meta"):  # only its parameter count is read: no memory, no init
+                model = spec.build_model_fn(cfg)
+            compiled = resolve_compile(cfg, model, resolve_device(cfg.train.device), spec.parallelize_fn is not None)
+            cfg.train.compile = "true" if compiled else "false"
 
 
 def resolve_amp_dtype(name: str, device: torch.device):

@@ -29,12 +29,11 @@ from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.train import preflight, resume
-from dit_trainer.train.choices import fused_adamw, resolve_amp_dtype, resolve_compile
+from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
-from dit_trainer.plan import apply_auto_layout
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
 
@@ -51,11 +50,11 @@ class DiTTrainer:
         # The weights of model.weights_path give the model's shape first, then the data fills the rest.
         pretrained = PretrainedShapes()
         shapes = DataShapes(dataset, first=pretrained)
-        self.cfg, self.dataset = build_config(config, shapes=shapes), shapes.dataset
+        # `auto` layout and compile are decided inside, so the config is final from here on.
+        self.cfg = build_config(config, shapes=shapes, runtime=RuntimeChoices())
+        self.dataset = shapes.dataset
         cfg = self.cfg
         self.device = resolve_device(cfg.train.device)
-        if cfg.parallel.layout == "auto":  # dit plan's fastest layout that fits this world size, written into cfg
-            apply_auto_layout(cfg)
         self.dims = init_distributed(cfg.parallel, self.device)
         self.is_main = self.dims.is_main
         if self.device.type == "cuda" and self.dims.distributed:
@@ -77,9 +76,7 @@ class DiTTrainer:
         routed = {"tokens_per_block": self.routing.tokens_per_block()} if self.routing else {}
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
-        # auto becomes true/false here, so the run folder's config.yaml (and a resume) says which.
-        compiled = resolve_compile(cfg, model, self.device, self.spec.parallelize_fn is not None)
-        cfg.train.compile = "true" if compiled else "false"
+        compiled = cfg.train.compile == "true"
         # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
         no_ac = cfg.train.activation_checkpointing == "none"
         budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
