@@ -181,3 +181,10 @@ def test_sit_under_learned_sigma_diffusion_is_one_line():
         build_config(None, ["--model.name", "SiT-S/2", "--objective", "diffusion"])
     text = str(err.value)
     assert "SiT-S/2" in text and "objective transport" in text and "DiT-S/2" in text and "\n" not in text
+
+
+def test_a_config_passed_in_is_taken_as_it_is_and_left_unchanged():
+    source = build_config({"model": {"name": "DiT-S/4"}, "optim": {"lr": 3e-4}})
+    built = build_config(source, overrides=["--train.max_steps", "7"])
+    assert (built.model.name, built.optim.lr, built.train.max_steps) == ("DiT-S/4", 3e-4, 7)
+    assert built is not source and source.train.max_steps == Config().train.max_steps

@@ -70,3 +70,14 @@ def test_activation_budget_applies_to_compiled_blocks_without_ac(tmp_path, compi
 def test_activation_budget_outside_0_1_is_refused(budget):
     with pytest.raises(ConfigError, match=r"train.activation_memory_budget is .*; it must be a fraction in \(0, 1\]"):
         build_config({"train": {"activation_memory_budget": budget}})
+
+
+def test_build_config_decides_auto_compile_from_the_model_on_the_meta_device(monkeypatch):
+    from dit_trainer.train.choices import RuntimeChoices
+
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
+    long_xl = {"model": {"name": "DiT-XL/2"}, "train": {"max_steps": AUTO_COMPILE_MIN_STEPS}}
+    assert build_config(long_xl, runtime=RuntimeChoices()).train.compile == "true"  # 675M parameters, never allocated
+    short_xl = {**long_xl, "train": {"max_steps": AUTO_COMPILE_MIN_STEPS - 1}}
+    assert build_config(short_xl, runtime=RuntimeChoices()).train.compile == "false"
+    assert build_config(long_xl).train.compile == "auto"  # without the runtime step the choice stays open
