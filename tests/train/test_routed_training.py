@@ -7,7 +7,7 @@ from trainer_helpers import tiny_config
 
 from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
-from dit_trainer.models.dit.flops import dit_train_flops_per_image
+from dit_trainer.models.flops import train_flops_per_image
 from dit_trainer.parallel import ParallelDims
 from dit_trainer.train import DiTTrainer
 from dit_trainer.train.preflight import check_layout
@@ -41,8 +41,8 @@ def test_routing_changes_the_step_and_counts_only_the_kept_tokens_work(tmp_path)
     assert plain.routing is None
     # Same seed, same draws before the routing's: the first step's loss differs only by the routing.
     assert _losses(plain, 3) != _losses(routed, 3)
-    expected = dit_train_flops_per_image(routed.model, tokens_per_block=[8, 16])
-    assert routed.flops_per_image == expected < plain.flops_per_image == dit_train_flops_per_image(plain.model)
+    expected = train_flops_per_image(routed.model, tokens_per_block=[8, 16])
+    assert routed.flops_per_image == expected < plain.flops_per_image == train_flops_per_image(plain.model)
 
 
 def test_routing_with_pipeline_parallel_is_refused_in_one_line(tmp_path):

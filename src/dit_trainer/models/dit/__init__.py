@@ -21,7 +21,6 @@ _CONSTRUCTORS = [f"DiT_{size}_{patch}" for size in SIZES for patch in PATCHES]
 _LAZY = {
     **{name: _MODEL for name in ("DiT", "DiT_models", "DiTBlock", "FinalLayer", "LabelEmbedder", "TimestepEmbedder",
                                  "modulate", *_CONSTRUCTORS)},
-    "dit_train_flops_per_image": "dit_trainer.models.dit.flops",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
@@ -65,7 +64,7 @@ def register_family(prefix: str, table: str, family: str, objective: str = "diff
                     parallelize_fn=_lazy_call(plan, "parallelize_dit"),
                     pipelining_fn=_lazy_call(plan, "pipeline_dit"),
                     state_dict_adapter=DiTStateDictAdapter(),
-                    flops_fn=_lazy_call("dit_trainer.models.dit.flops", "dit_train_flops_per_image"),
+                    flops_fn=_lazy_call("dit_trainer.models.flops", "train_flops_per_image"),
                     objective=objective,
                     weights_shape_fn=weights_shape,
                     costs_fn=lambda cfg, name=name: dit_costs(cfg, name),

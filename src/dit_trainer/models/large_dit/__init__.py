@@ -49,6 +49,13 @@ def _plan(name):
     return call
 
 
+def _train_flops(model, tokens_per_block=None) -> float:
+    # torch.nn is loaded when a run counts, not with the registry.
+    from dit_trainer.models.flops import train_flops_per_image
+
+    return train_flops_per_image(model, tokens_per_block)
+
+
 def _register():
     for size in SIZES:
         spec = ModelSpec(
@@ -61,6 +68,7 @@ def _register():
             state_dict_adapter=LargeDiTStateDictAdapter(),
             weights_shape_fn=weights_shape,
             costs_fn=_costs(size),
+            flops_fn=_train_flops,
         )
         register_spec(spec.name, spec)
         register_spec(f"DiT_Llama_{size}_patch2", spec)

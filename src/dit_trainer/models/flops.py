@@ -1,4 +1,4 @@
-"""Training FLOPs of one image through a DiT, for model FLOPs utilisation (MFU).
+"""Training FLOPs of one image through a DiT-shaped model (DiT, SiT, Large-DiT), for model FLOPs utilisation (MFU).
 
 Counted the way PaLM's appendix B counts a transformer: 2 FLOPs per multiply-add of every matmul,
 times 3 for forward plus backward (activation recomputation is not counted: MFU measures the
@@ -26,11 +26,12 @@ def _weights(module, prefix=""):
     return per_token, per_image
 
 
-def dit_train_flops_per_image(model, tokens_per_block=None) -> float:
-    """Forward+backward FLOPs of one image through `model` (a DiT built on this family's backbone);
-    `tokens_per_block`: the tokens each block computes on (token routing), by default all of them."""
-    tokens = model.x_embedder.num_patches
-    hidden = model.pos_embed.shape[-1]
+def train_flops_per_image(model, tokens_per_block=None) -> float:
+    """Forward+backward FLOPs of one image through `model` (patch tokens, `blocks`, a `final_layer.linear`
+    reading the hidden width); `tokens_per_block`: the tokens each block computes on (token routing),
+    by default all of them."""
+    tokens = (model.input_size // model.patch_size) ** 2
+    hidden = model.final_layer.linear.in_features
     per_token, per_image = _weights(model)
     forward = 0
     for block, n in zip(model.blocks, tokens_per_block or [tokens] * len(model.blocks)):
