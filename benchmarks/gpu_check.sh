@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# GPU readiness check, <= 8 minutes on one GPU: DiT-XL/2 at 256 px (32x32x4 latents, 1000 classes).
+# GPU readiness check, <= 9 minutes on one GPU: DiT-XL/2 at 256 px (32x32x4 latents, 1000 classes).
 #
 #   bash benchmarks/gpu_check.sh [LOG_DIR]
 #
 # 0. gpu_step_check.py: the trainer's step path on the GPU against reading its checks at once.
 # 1. train_step.py, bf16 autocast + per-block compile: img/s, MFU against the bf16 matmul peak
 #    measured in the same process, peak CUDA memory; batch 32, and batch 128 with and without
-#    activation checkpointing (AC).
+#    activation checkpointing (AC) and with token routing (half the tokens through the middle blocks).
 # 2. gpu_check.py sdpa: the attention kernel bf16 SDPA dispatches to at DiT-XL/2's shapes.
 #    sampling.py: DDIM-25 with CFG 4.0 in bf16, img/s of our sampler (latents, no VAE decode).
 # 3. With >= 2 GPUs, parallel.py: FSDP2 (torchrun, parallel.dp_shard N) img/s against 1 GPU at 32
 #    images per GPU.
-# Each sub-run is bounded by `timeout`, all of them by GPU_CHECK_BUDGET seconds (default 480); a
+# Each sub-run is bounded by `timeout`, all of them by GPU_CHECK_BUDGET seconds (default 540); a
 # compact summary comes last. Exit 0 when every sub-run finished, 1 when one failed or timed out,
 # 2 (with one line) when there is no CUDA GPU.
 # Environment: PYTHON (default python3), GPU_CHECK_BUDGET, GPU_CHECK_SAMPLE_BATCH (default 64).
@@ -21,7 +21,7 @@ set -u -o pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 py=${PYTHON:-python3}
-budget=${GPU_CHECK_BUDGET:-480}
+budget=${GPU_CHECK_BUDGET:-540}
 sample_batch=${GPU_CHECK_SAMPLE_BATCH:-64}
 
 command -v "$py" >/dev/null 2>&1 || { echo "gpu_check: $py not found; set PYTHON to the project's interpreter" >&2; exit 2; }
@@ -72,7 +72,8 @@ run step_check 60 "$py" "$here/gpu_step_check.py"
 xl=(--model DiT-XL/2 --input-size 32 --in-channels 4 --num-classes 1000 --device cuda --warmup 2 --steps 10 --peak-reps 2)
 # DiT-XL/2's first compiled step takes about a minute on an H200 (57-59 s measured).
 run train_b32 150 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 32 --variants bf16+compile
-run train_b128 240 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 128 --variants bf16+compile,bf16+compile+ac
+run train_b128 320 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 128 \
+  --variants bf16+compile,bf16+compile+ac,bf16+compile+route0.5
 run sampling 40 "$py" "$here/sampling.py" --no-compile --device cuda --models DiT-XL/2 --batch-sizes "$sample_batch" \
   --dtype bf16 --steps 25 --reps 2 --no-diffusers
 if ((ngpu >= 2)); then

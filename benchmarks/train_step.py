@@ -24,7 +24,9 @@ writes it (plain model, `training_losses` drawing t and noise inside, AdamW, EMA
 parameters), the second under one `torch.autocast(bfloat16)` around the forward and loss, as a user
 would add it. Any other variant is a `DiTTrainer`: a precision (fp32 | bf16 | fp16) with optional
 `+compile` (`train.compile`), `+ac`/`+sac` (`train.activation_checkpointing full/selective`) and
-`+budgetX` (`train.activation_memory_budget X`). Without native bf16 the trainer computes bf16 in
+`+budgetX` (`train.activation_memory_budget X`) and `+routeX` (token routing, `train.routing_keep X` over
+the default span of blocks; its TFLOP/s and MFU count the FLOPs the routed blocks compute, so its img/s
+beside the unrouted row is the speed-up). Without native bf16 the trainer computes bf16 in
 fp32, so the default list is the fp32 path and no MFU is given against the emulated bf16 peak.
 """
 
@@ -42,7 +44,7 @@ from _common import machine, peak_mib, sync, table, vm_mib
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-MODIFIERS = ("compile", "ac", "sac", "budgetX")
+MODIFIERS = ("compile", "ac", "sac", "budgetX", "routeX")
 
 
 # -- the rows ----------------------------------------------------------------------------------
@@ -61,14 +63,15 @@ def parse_variant(name: str) -> dict:
         return {"name": name, "precision": name[5:], "compile": False, "ac": False, "original": True}
     precision, *mods = name.split("+")
     budgets = [m[len("budget"):] for m in mods if m.startswith("budget")]
-    mods = [m for m in mods if not m.startswith("budget")]
+    routes = [m[len("route"):] for m in mods if m.startswith("route")]
+    mods = [m for m in mods if not m.startswith(("budget", "route"))]
     if (precision not in DTYPES or any(m not in MODIFIERS for m in mods) or ("ac" in mods and "sac" in mods)
-            or len(budgets) > 1 or not all(_is_fraction(b) for b in budgets)):
+            or len(budgets) > 1 or len(routes) > 1 or not all(_is_fraction(b) for b in budgets + routes)):
         raise SystemExit(f"bad variant {name!r}: want orig-fp32, orig-bf16 or fp32|bf16|fp16 optionally followed by +"
                          + ", +".join(MODIFIERS))
     return {"name": name, "precision": precision, "compile": "compile" in mods,
             "ac": "full" if "ac" in mods else "selective" if "sac" in mods else False,
-            "budget": float(budgets[0]) if budgets else None}
+            "budget": float(budgets[0]) if budgets else None, "route": float(routes[0]) if routes else None}
 
 
 def _is_fraction(text: str) -> bool:
@@ -89,6 +92,8 @@ def make_config(args, variant: dict) -> dict:
         key, _, value = item.partition("=")
         model[key] = value
     budget = {"activation_memory_budget": variant["budget"]} if variant.get("budget") else {}
+    if variant.get("route"):
+        budget["routing_keep"] = variant["route"]
     return {
         "output_dir": os.path.join(os.environ.get("TMPDIR", "/tmp"), "dit-bench-train-step"),
         "model": model,
@@ -233,6 +238,22 @@ def flops_per_image(args, device, batch: int) -> float:
     return counter.get_total_flops() / batch
 
 
+def computed_share(args, variant: dict) -> float:
+    """The share of the full model's FLOPs a variant computes: below 1 under token routing."""
+    if not variant.get("route"):
+        return 1.0
+    from dit_trainer.config import build_config
+    from dit_trainer.models import get_spec
+    from dit_trainer.models.routing import TokenRouting
+
+    cfg = build_config(make_config(args, variant))
+    spec = get_spec(cfg.model.name)
+    with torch.device("meta"):
+        model = spec.build_model_fn(cfg)
+    routed = TokenRouting.for_model(cfg.train, model).tokens_per_block()
+    return spec.flops_fn(model, tokens_per_block=routed) / spec.flops_fn(model)
+
+
 def warmup_steps(args, variant: dict) -> int:
     """Untimed steps first: at least 2 with compile, which happens in them."""
     return max(args.warmup, 2) if variant["compile"] else args.warmup
@@ -357,9 +378,9 @@ def main(argv=None):
         for v, row in zip(variants, rows):
             mem = memory_in_fresh_process(args, v)
             row["peak_mib"], row["base_mib"] = mem["peak_mib"], mem["base_mib"]
-    for r in rows:
+    for v, r in zip(variants, rows):
         r["img_per_s"] = args.batch_size / r["s_per_step"]
-        r["tflops"] = flops_img * r["img_per_s"] / 1e12
+        r["tflops"] = flops_img * computed_share(args, v) * r["img_per_s"] / 1e12
         r["mfu"] = r["tflops"] / peaks[r["compute"]][0]
         r["mfu_vs_bf16_peak"] = r["tflops"] / peaks["bf16"][0] if has_bf16 else None
 

@@ -28,3 +28,20 @@ def test_reports_speed_mfu_and_memory_per_variant(tmp_path):
         assert 0 < row["mfu"] < 1
         # Each variant's fresh process holds more at its peak than after its imports.
         assert row["peak_mib"] > row["base_mib"] > 0
+
+
+def test_routed_variant_counts_the_flops_its_blocks_compute(monkeypatch):
+    import argparse
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    for name in ("_common", "train_step"):  # the script's own `_common`, whatever a test folder named so
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    bench = importlib.import_module("train_step")
+    args = argparse.Namespace(model="DiT-S/2", input_size=8, in_channels=4, num_classes=10, depth=6, hidden_size=64,
+                              num_heads=2, model_option=None, batch_size=2, device="cpu")
+    routed = bench.parse_variant("bf16+compile+route0.5")
+    assert (routed["route"], routed["compile"], routed["precision"]) == (0.5, True, "bf16")
+    assert bench.make_config(args, routed)["train"]["routing_keep"] == 0.5
+    # Blocks 2 and 3 of 6 on 8 of the 16 tokens: the share lies strictly between a half and one.
+    assert 0.5 < bench.computed_share(args, routed) < 1 == bench.computed_share(args, bench.parse_variant("bf16"))
