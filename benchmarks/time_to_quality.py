@@ -19,6 +19,8 @@ keys changed. Per seed:
 Prints FID against training seconds and steps, and the speed-up to reach the DiT recipe's FID at the
 budget (interpolated between measured points). The second seed runs the recipes in reverse order.
 Choose on the first seed, report on the second: the script prints both and selects nothing.
+Run again with the same `--out`, it reuses every finished training run and score (a checkpoint at a
+run's last step, a written FID), so an interrupted measurement goes on where it stopped.
 """
 
 import argparse
@@ -86,7 +88,9 @@ def train(folder: Path, recipe: str, seed: int, steps: int, save_every: int, log
     folder.parent.mkdir(parents=True, exist_ok=True)
     config = write_config(folder, seed, steps, save_every, log_steps)
     overrides = [a for key, value in RECIPES[recipe].items() for a in (f"--{key}", value)]
-    dit(["train", "--config", config, "--checkpoint.resume", "false", "--checkpoint.on_existing", "overwrite", *overrides], folder.with_suffix(".log"))
+    finished = (folder / "checkpoints" / f"step-{steps:08d}").is_dir() and (folder / "metrics.jsonl").is_file()
+    if not finished:  # checkpoints are renamed into place whole: one there is a finished run
+        dit(["train", "--config", config, "--checkpoint.resume", "false", "--checkpoint.on_existing", "overwrite", *overrides], folder.with_suffix(".log"))
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"s_per_step"' in line]
     return [(r["step"], r["s_per_step"]) for r in rows]
 
@@ -105,6 +109,8 @@ def score(folder: Path, step: int, args) -> float:
     """FID (digit network, all real digits) of `--num-samples` samples of `folder`'s checkpoint at `step`."""
     ckpt = folder / "checkpoints" / f"step-{step:08d}"
     npz, out = folder / f"samples-{step}.npz", folder / f"fid-{step}.json"
+    if out.is_file():  # scored by an earlier run of this script
+        return float(json.loads(out.read_text())["fid"])
     log = folder.with_suffix(".log")
     dit(["sample-ddp", "--ckpt", ckpt, "--npz", npz, "--num-samples", args.num_samples, "--batch-size", 250,
          "--cfg-scale", args.cfg_scale, "--steps", args.sample_steps, "--seed", 0, "--device", "cpu",
