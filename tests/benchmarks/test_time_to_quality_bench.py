@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ttq():
-    # The script imports benchmarks/_common.py by its bare name, as `python benchmarks/...` runs it;
-    # tests/parallel's helpers of the same name may already be imported: set them aside meanwhile.
-    other = sys.modules.pop("_common", None)
+    # The script imports benchmarks/_common.py by its bare name, as `python benchmarks/...` runs it: the
+    # benchmarks folder is on the path while it loads, and the bare `_common` is gone again after (the tests'
+    # own helpers are imported as the tests package, tests.parallel._common, so the names cannot meet).
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         spec = importlib.util.spec_from_file_location("time_to_quality", ROOT / "benchmarks" / "time_to_quality.py")
@@ -23,8 +23,6 @@ def ttq():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
         sys.modules.pop("_common", None)
-        if other is not None:
-            sys.modules["_common"] = other
 
 
 def test_time_to_reach_interpolates_between_measured_points(ttq):

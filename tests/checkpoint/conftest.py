@@ -1,10 +1,4 @@
-import sys
-from pathlib import Path
-
 import pytest
-
-# The tiny-run helpers live beside the trainer tests.
-sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 
 
 @pytest.fixture(autouse=True)

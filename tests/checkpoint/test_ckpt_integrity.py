@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from trainer_helpers import tiny_config, write_npy_latents
+from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.errors import CheckpointError

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from trainer_helpers import tiny_config
+from tests.train.trainer_helpers import tiny_config
 
 from dit_trainer.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, read_metadata_file
 from dit_trainer.errors import CheckpointError

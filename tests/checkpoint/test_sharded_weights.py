@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 from safetensors.torch import save_file
-from trainer_helpers import tiny_config
+from tests.train.trainer_helpers import tiny_config
 
 from dit_trainer import checkpoint
 from dit_trainer.checkpoint import load_weights

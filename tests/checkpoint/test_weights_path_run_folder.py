@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from trainer_helpers import tiny_config
+from tests.train.trainer_helpers import tiny_config
 
 from dit_trainer.checkpoint import load_weights, save_checkpoint
 from dit_trainer.errors import CheckpointError

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from convert_helpers import CLASS_NAMES, TINY, randomize  # noqa: E402
+from tests.convert.convert_helpers import CLASS_NAMES, TINY, randomize  # noqa: E402
 
 
 @pytest.fixture(scope="session")

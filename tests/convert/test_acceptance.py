@@ -3,7 +3,7 @@
 
 import torch
 
-from convert_helpers import build_with_convention, randomize
+from tests.convert.convert_helpers import build_with_convention, randomize
 
 
 def test_release_pt_to_diffusers_pipeline(tmp_path, vae_dir):

@@ -6,7 +6,7 @@ import torch
 
 from dit_trainer.convert import convert, read
 
-from convert_helpers import build_with_convention
+from tests.convert.convert_helpers import build_with_convention
 
 
 def _rel(a, b):

@@ -8,7 +8,7 @@ import torch
 from dit_trainer.convert import load_paddlemix_json, read
 from dit_trainer.convert.model_config import build_dit, infer_from_state_dict
 
-from convert_helpers import TINY, randomize
+from tests.convert.convert_helpers import TINY, randomize
 
 
 @pytest.mark.parametrize("name", ["DiT-XL/2", "DiT-L/4", "DiT-B/8", "DiT-S/2"])

@@ -11,7 +11,7 @@ from dit_trainer.convert import convert, read
 from dit_trainer.convert.pdparams import load_pdparams, save_pdparams
 from dit_trainer.errors import CheckpointError
 
-from convert_helpers import TINY, randomize
+from tests.convert.convert_helpers import TINY, randomize
 
 
 def _release_pt(path, cfg=TINY):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_helpers import save_tiny_vae
+from tests.train.trainer_helpers import save_tiny_vae
 
 pytest.importorskip("diffusers")
 

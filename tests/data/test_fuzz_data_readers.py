@@ -7,7 +7,7 @@ import json
 import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_shards import SHAPE, make_shards
+from tests.data.test_shards import SHAPE, make_shards
 
 from dit_trainer.data.latents import NpyLatentFolder, read_npy_header
 from dit_trainer.data.shards import LatentShards

@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 from PIL import Image
-from trainer_helpers import save_tiny_vae, tiny_config, write_images
+
+from tests.subprocess_env import subprocess_env
+from tests.train.trainer_helpers import save_tiny_vae, tiny_config, write_images
 
 pytest.importorskip("diffusers")
 
@@ -106,11 +108,10 @@ def test_resume_in_the_first_epoch_reads_what_was_encoded(assets, tmp_path):
 
 KILLER = """
 import os, signal, sys
-sys.path.insert(0, {helpers!r})
 from dit_trainer.data import shards as sh
 from dit_trainer.data.online import cache as lc
 from dit_trainer.train import DiTTrainer
-import test_online_cache as t
+import tests.data.test_online_cache as t
 
 lc.PIECE_ROWS = 2
 write = sh._atomic_npy
@@ -133,10 +134,8 @@ DiTTrainer(t.run_config({out!r}, {images!r}, vae={vae!r}, image_size=t.SIZE, cac
 
 def test_a_cache_killed_mid_write_is_completed_not_corrupted(assets, tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "killed"
-    helpers = os.path.dirname(os.path.abspath(__file__))
-    script = KILLER.format(helpers=helpers, out=str(out), images=assets["images"], vae=assets["vae"], cache=str(cache))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(helpers, "..", "train"), *sys.path]),
-           "OMP_NUM_THREADS": "1"}
+    script = KILLER.format(out=str(out), images=assets["images"], vae=assets["vae"], cache=str(cache))
+    env = subprocess_env(OMP_NUM_THREADS="1")  # the script imports tests.data.test_online_cache
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     folder = cache_dir_of(cache)

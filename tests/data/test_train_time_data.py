@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from test_shards import SHAPE, make_shards
+from tests.data.test_shards import SHAPE, make_shards
 
 from dit_trainer.data.images import list_image_folder
 from dit_trainer.data.latents import NpyLatentFolder
@@ -82,7 +82,7 @@ def test_labels_past_int64(tmp_path):
 
 
 def test_model_vs_data_latent_shape(tmp_path):
-    from trainer_helpers import tiny_config, write_npy_latents
+    from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
     from dit_trainer.train import DiTTrainer
 

@@ -175,12 +175,13 @@ def final_weights(run, step=STEPS):
 
 def launch(nproc, *args, timeout=300):
     """Run `python -m torch.distributed.run --standalone --nproc_per_node N ARGS`; fail with its log tail."""
-    import os
     import subprocess
     import sys
 
+    from tests.subprocess_env import subprocess_env
+
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *map(str, args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = subprocess_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")  # the workers import tests.*
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")

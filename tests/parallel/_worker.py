@@ -3,18 +3,16 @@ is the slow part), and resume 2-rank checkpoints under this launch's layouts."""
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from _common import (BLOCK_OPTION_LAYOUTS, LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, LAYOUTS_OPTIONS, TinyLatents,  # noqa: E402
-                     kind_of, option_sections, tiny_config)
-from dit_trainer.cli import leave_process_group  # noqa: E402
-from dit_trainer.train import DiTTrainer  # noqa: E402
+from dit_trainer.cli import leave_process_group
+from dit_trainer.train import DiTTrainer
+# The repository root is on PYTHONPATH: _common.launch passes it (tests/subprocess_env.py).
+from tests.parallel._common import (BLOCK_OPTION_LAYOUTS, LAYOUT_TRAIN, LAYOUTS_2, LAYOUTS_4, LAYOUTS_OPTIONS,
+                                    TinyLatents, kind_of, option_sections, tiny_config)
 
 
 def main():

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import (BLOCK_OPTION_LAYOUTS, STEPS, TinyLatents, deterministic, final_weights, launch, read_losses,
-                     tiny_config)
+from tests.parallel._common import (BLOCK_OPTION_LAYOUTS, STEPS, TinyLatents, deterministic, final_weights, launch,
+                                    read_losses, tiny_config)
 
 pytestmark = pytest.mark.distributed
 

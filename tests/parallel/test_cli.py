@@ -4,7 +4,7 @@
 import pytest
 import yaml
 
-from _common import launch, read_losses
+from tests.parallel._common import launch, read_losses
 
 pytestmark = pytest.mark.distributed
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from _common import (LAYOUTS_2, LAYOUTS_4, ROUTING, STEPS, deterministic, final_weights, launch, read_losses,
-                     reference_of)
-from _common import train_one_process as _single_process
+from tests.parallel._common import (LAYOUTS_2, LAYOUTS_4, ROUTING, STEPS, deterministic, final_weights, launch,
+                                    read_losses, reference_of)
+from tests.parallel._common import train_one_process as _single_process
 
 pytestmark = pytest.mark.distributed
 

@@ -4,7 +4,8 @@ FSDP and TP on gloo: every step's loss and gradient norm equal one process's, in
 from pathlib import Path
 
 import pytest
-from _common import LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, launch, read_losses, train_one_process
+from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, launch, read_losses,
+                                    train_one_process)
 
 pytestmark = pytest.mark.distributed
 

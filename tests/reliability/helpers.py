@@ -1,7 +1,7 @@
 """Tiny runs to damage: a run folder of checkpoints, and tampering that keeps the manifest matching."""
 
 from safetensors.torch import load_file, save_file
-from trainer_helpers import run_config
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.train import DiTTrainer

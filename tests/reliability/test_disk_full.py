@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 from safetensors import SafetensorError
-from trainer_helpers import run_config
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.errors import CheckpointError

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import step_dir, train
-from trainer_helpers import run_config
+from tests.reliability.helpers import step_dir, train
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.checkpoint.safe_dcp import read_metadata_file

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from trainer_helpers import save_tiny_vae, write_images
+from tests.train.trainer_helpers import save_tiny_vae, write_images
 
 pytest.importorskip("diffusers")
 

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
-from helpers import train
-from trainer_helpers import save_tiny_vae, write_images
+from tests.reliability.helpers import train
+from tests.train.trainer_helpers import save_tiny_vae, write_images
 
 from dit_trainer.cli import main
 

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 import yaml
-from helpers import train
-from test_shards import make_shards
-from trainer_helpers import run_config
+from tests.data.test_shards import make_shards
+from tests.reliability.helpers import train
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.cli import main
 from dit_trainer.train.signals import StopSignals

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from trainer_helpers import write_npy_latents
+from tests.train.trainer_helpers import write_npy_latents
 
 from dit_trainer.cli import main
 

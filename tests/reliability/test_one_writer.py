@@ -6,8 +6,8 @@ import socket
 import pytest
 import torch
 import yaml
-from helpers import names, train
-from trainer_helpers import run_config
+from tests.reliability.helpers import names, train
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer import checkpoint
 from dit_trainer.checkpoint import files as ckpt

@@ -3,8 +3,8 @@ samples, a changed seed refused unless allowed, other dtypes and impossible step
 
 import pytest
 import torch
-from helpers import edit_weights, names, step_dir, train
-from trainer_helpers import run_config
+from tests.reliability.helpers import edit_weights, names, step_dir, train
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.data.loader import GlobalBatchSampler, StepLoader

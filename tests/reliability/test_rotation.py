@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 import torch
-from helpers import edit_weights, names, step_dir, train
-from trainer_helpers import run_config
+from tests.reliability.helpers import edit_weights, names, step_dir, train
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.errors import CheckpointError

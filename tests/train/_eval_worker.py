@@ -3,14 +3,13 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import torch.distributed as dist
 
-import torch.distributed as dist  # noqa: E402
-
-from test_eval_during_training import _digits_config  # noqa: E402
-from dit_trainer.config import build_config  # noqa: E402
-from dit_trainer.cli import leave_process_group  # noqa: E402
-from dit_trainer.train import DiTTrainer  # noqa: E402
+from dit_trainer.config import build_config
+from dit_trainer.cli import leave_process_group
+from dit_trainer.train import DiTTrainer
+# The repository root is on PYTHONPATH: tests/parallel/_common.launch passes it (tests/subprocess_env.py).
+from tests.train.test_eval_during_training import _digits_config
 
 
 def main():

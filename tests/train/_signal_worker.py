@@ -10,13 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from trainer_helpers import tiny_config  # noqa: E402
-from dit_trainer.train import DiTTrainer  # noqa: E402
+from dit_trainer.train import DiTTrainer
+# The repository root is on PYTHONPATH: test_signals.py passes it (tests/subprocess_env.py).
+from tests.train.trainer_helpers import tiny_config
 
 STEPS = 8
 

@@ -1,7 +1,6 @@
 """`eval.every`: FID of the EMA model against the training set's own statistics, logged during training."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +61,7 @@ def test_the_same_chunks_give_the_same_fid(tmp_path):
 
 
 def test_latent_data_is_measured_with_inception_whose_weights_are_fetched_before_step_one(tmp_path):
-    from trainer_helpers import run_config
+    from tests.train.trainer_helpers import run_config
 
     cfg = run_config(tmp_path, 2, eval={"every": 1, "num_samples": 4})
     # Offline (tests/conftest.py): the Inception weights cannot be fetched, so the run stops at once.
@@ -100,8 +99,7 @@ def test_eval_keys_are_checked_in_one_line(tmp_path, capsys):
 def test_two_ranks_measure_what_one_process_measures(tmp_path):
     """FSDP: each rank samples its chunks and rank 0 gathers the features; pipeline stages: rank 0 samples them
     all. Either way the same samples as one process, so the same FID up to the weights' round-off."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "parallel"))
-    from _common import launch
+    from tests.parallel._common import launch
 
     DiTTrainer(build_config(_digits_config(tmp_path / "one", 2))).train()
     one = _fid_records(tmp_path / "one")

@@ -4,7 +4,7 @@ starts only the label embedding anew."""
 import numpy as np
 import pytest
 import torch
-from trainer_helpers import write_npy_latents
+from tests.train.trainer_helpers import write_npy_latents
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
@@ -48,7 +48,7 @@ def three_classes(tmp_path):
 
 def test_1000_class_dit_finetunes_on_3_class_image_folder(tmp_path, dit_pt, capsys):
     pytest.importorskip("diffusers")
-    from trainer_helpers import save_tiny_vae, write_images
+    from tests.train.trainer_helpers import save_tiny_vae, write_images
 
     path, weights = dit_pt
     images = write_images(tmp_path / "images", classes=3, per_class=2)
@@ -133,7 +133,7 @@ def test_large_dit_release_file_is_recognised_by_its_tensors(tmp_path, three_cla
 
 
 def test_our_run_folder_records_its_model(tmp_path, three_classes):
-    from trainer_helpers import tiny_config
+    from tests.train.trainer_helpers import tiny_config
 
     source = DiTTrainer(tiny_config(tmp_path / "src", model={"name": "SiT-S/2", "num_classes": 3}))
     source.save_checkpoint()

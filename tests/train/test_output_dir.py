@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from trainer_helpers import run_config
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.checkpoint import list_checkpoints

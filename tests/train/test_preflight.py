@@ -2,7 +2,7 @@
 before step 1 naming data.vae (and the manifest it came from), not a crash at the first grid."""
 
 import pytest
-from trainer_helpers import tiny_config, write_npy_latents
+from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.config import build_config
 from dit_trainer.data.shards import write_manifest

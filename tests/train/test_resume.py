@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import yaml
-from trainer_helpers import run_config
+from tests.train.trainer_helpers import run_config
 
 from dit_trainer.config import build_config, config_yaml
 from dit_trainer.errors import ConfigError

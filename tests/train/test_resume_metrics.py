@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from trainer_helpers import tiny_config, write_npy_latents
+from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.train import DiTTrainer

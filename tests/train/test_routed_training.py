@@ -3,7 +3,7 @@ counts the routed blocks' work, and a pipelined layout refuses it in one line.""
 
 import pytest
 import torch
-from trainer_helpers import tiny_config
+from tests.train.trainer_helpers import tiny_config
 
 from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError

@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from trainer_helpers import tiny_config, write_npy_latents
+from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.cli import main
 from dit_trainer.models import get_spec

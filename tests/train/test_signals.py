@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from dit_trainer.checkpoint import list_checkpoints
+from tests.subprocess_env import subprocess_env
 
 WORKER = Path(__file__).with_name("_signal_worker.py")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+ENV = subprocess_env(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")  # the worker imports tests.train
 
 
 def _wait_for_step(out, step, proc, timeout=120):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from trainer_helpers import tiny_config, write_npy_latents
+from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.config import Config
 from dit_trainer.train import DiTTrainer

@@ -6,7 +6,7 @@ the late path runs here with `update.on_device` set."""
 
 import pytest
 import torch
-from trainer_helpers import tiny_config, write_npy_latents
+from tests.train.trainer_helpers import tiny_config, write_npy_latents
 
 from dit_trainer.errors import DivergenceError
 from dit_trainer.train import DiTTrainer

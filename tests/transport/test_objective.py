@@ -13,7 +13,7 @@ from dit_trainer.objective import build_objective, list_objectives
 from dit_trainer.transport import TransportConfig, create_transport
 from dit_trainer.transport.objective import TransportObjective
 
-from gaussian import GaussianTarget
+from tests.transport.gaussian import GaussianTarget
 
 
 def _transport_cfg(**kw):

@@ -7,7 +7,7 @@ import torch
 from dit_trainer.transport import PATHS, create_transport
 from dit_trainer.transport.path import expand_t_like_x
 
-from gaussian import GaussianTarget
+from tests.transport.gaussian import GaussianTarget
 
 T = torch.linspace(0.05, 0.95, 19, dtype=torch.float64)
 

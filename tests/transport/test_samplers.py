@@ -8,7 +8,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.transport import Sampler, bits_per_dim, create_transport
 from dit_trainer.transport.integrators import ode_methods
 
-from gaussian import GaussianTarget
+from tests.transport.gaussian import GaussianTarget
 
 MU, S = 0.8, 0.5
 # Error bounds after 100 steps (fixed grids), and (tolerance, bound) for the adaptive methods;
