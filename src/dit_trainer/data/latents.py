@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 from dit_trainer.errors import ConfigError, DataError, one_line
 from dit_trainer.fs import check_regular
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
+from dit_trainer.data.npy import read_array, read_header
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
 FASTDIT_FEATURES = "imagenet256_features"
@@ -35,14 +36,7 @@ def read_npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
     check_regular(path, DataError, "a latent file")
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                # Version 3 only exists for structured dtypes with non-Latin-1 names: never a latent.
-                raise ValueError(f"unsupported .npy version {version}")
+            shape, _, dtype = read_header(f)
             data_start = f.tell()
             size = os.fstat(f.fileno()).st_size
     except OSError as err:
@@ -137,7 +131,8 @@ class _LatentFiles(Dataset):
         """The unflipped float32 C×H×W latent of item `index`; DataError if the file is bad."""
         path = self.paths[index]
         try:
-            arr = np.load(path, allow_pickle=False)
+            with open(path, "rb") as f:
+                arr = read_array(f)
         except OSError as err:
             raise DataError(f"cannot read {path} ({err.strerror or err}); check it exists and is readable") from None
         except NPY_ERRORS as err:
@@ -213,7 +208,8 @@ class NpyLatentFolder(_LatentFiles):
 def _read_fastdit_label(path: str) -> int:
     check_regular(path, DataError, "a label file")
     try:
-        arr = np.load(path, allow_pickle=False)
+        with open(path, "rb") as f:
+            arr = read_array(f)
     except FileNotFoundError:
         raise DataError(f"{path} is missing; re-run feature extraction or delete its feature file") from None
     except OSError as err:
