@@ -74,12 +74,13 @@ def dit(args, log: Path) -> None:
 
 
 def write_config(folder: Path, seed: int, steps: int, save_every: int, log_steps: int) -> Path:
-    """The demo's config for `steps` steps and `seed`, saving every `save_every` steps, as YAML."""
+    """The demo's config as DiT (the baseline; a recipe's overrides make it SiT) for `steps` steps and
+    `seed`, saving every `save_every` steps, as YAML."""
     import yaml
 
     from dit_trainer.demo import demo_config
 
-    raw = demo_config(folder, steps=steps, seed=seed, fid_samples=0)
+    raw = demo_config(folder, steps=steps, seed=seed, objective="diffusion", fid_samples=0)
     raw["checkpoint"].update(save_steps=save_every, save_total_limit=0)
     raw["logging"].update(log_steps=log_steps, progress=False)
     path = folder.with_suffix(".yaml")

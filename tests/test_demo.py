@@ -10,6 +10,7 @@ from PIL import Image
 from dit_trainer.cli import main
 from dit_trainer.config import build_config
 from dit_trainer.demo import demo_config
+from dit_trainer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,14 +47,21 @@ def test_demo_short_run(tmp_path, capsys):
     assert (tmp_path / "eval" / "reference.npz").is_file()
 
 
-def test_demo_short_run_as_transport(tmp_path, capsys):
+def test_demo_short_run_as_dit(tmp_path, capsys):
     torch.set_num_threads(1)
     assert main(["demo", "--steps", "10", "--out", str(tmp_path), "--per-class", "1", "--no-progress",
-                 "--objective", "transport", "--fid-samples", "0"]) == 0
+                 "--objective", "diffusion", "--fid-samples", "0"]) == 0
     cfg = build_config(tmp_path / "config.yaml")
-    assert cfg.objective == "transport" and cfg.transport.ode_method == "midpoint"
+    assert cfg.objective == "diffusion" and cfg.train.max_steps == 10
     data = np.load(tmp_path / "samples.npz")
     assert data["arr_0"].shape == (10, 16, 16, 3) and data["arr_0"].dtype == np.uint8
+
+
+def test_demo_defaults_to_sit_and_each_objective_has_its_steps():
+    assert build_config(demo_config()).objective == "transport"
+    assert demo_config(objective="diffusion")["train"]["max_steps"] > demo_config()["train"]["max_steps"]
+    with pytest.raises(ConfigError, match="demo objective"):
+        demo_config(objective="flow")
 
 
 def test_demo_rerun_into_a_finished_folder_names_its_flag(tmp_path, capsys):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Does `dit demo` meet its promise: >= 97% recognisable digits in <= 3 minutes end to end?
 
-Usage: python scripts/demo/demo_check.py [--seed 0] [--steps N] [--objective diffusion] [--out DIR]
+Usage: python scripts/demo/demo_check.py [--seed 0] [--steps N] [--objective transport] [--out DIR]
                                         [--max-seconds 180] [--min 0.97]
        python scripts/demo/demo_check.py --score DIR [--min 0.97]
 
@@ -125,8 +125,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0, help="the demo's --seed")
     p.add_argument("--steps", type=int, default=None, help="the demo's --steps (default: the demo's own)")
-    p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion",
-                   help="the demo's --objective")
+    p.add_argument("--objective", choices=("diffusion", "transport"), default=None,
+                   help="the demo's --objective (default: the demo's own)")
     p.add_argument("--out", default=None, help="output folder; must not exist (default: a fresh temporary one)")
     p.add_argument("--max-seconds", type=float, default=180.0, help="wall-clock goal (default 180)")
     p.add_argument("--min", type=float, default=0.97, dest="min_share", help="recognised-share goal (default 0.97)")
@@ -147,7 +147,9 @@ def main(argv=None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
 
-    from dit_trainer.demo import demo_config  # the numbers the subprocess will run with
+    from dit_trainer.demo import DEMO_OBJECTIVE, demo_config  # the numbers the subprocess will run with
+
+    args.objective = args.objective or DEMO_OBJECTIVE
 
     steps = {} if args.steps is None else {"steps": args.steps}
     train = demo_config(out, seed=args.seed, objective=args.objective, **steps)["train"]

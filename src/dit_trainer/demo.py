@@ -2,7 +2,9 @@
 
 No download: the 1,797 8×8 digits ship with scikit-learn. They are upsampled to 16×16, trained
 on in pixel space (one channel, no VAE), and sampled with classifier-free guidance into a grid,
-one row per digit. The config is `configs/demo_digits.yaml`; `demo_config()` is its source.
+one row per digit. The network trains as SiT (interpolant transport) unless `--objective diffusion`
+asks for DiT's Gaussian diffusion. The config is `configs/demo_digits.yaml`; `demo_config()` is its
+source.
 """
 
 import time
@@ -11,24 +13,31 @@ from pathlib import Path
 from dit_trainer.errors import ConfigError
 from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it here)
 
-# 1,400 steps: 100% recognised with seeds 0 and 1 (as at 1,600), in ~20 s less than 1,600 takes.
-DEMO_STEPS = 1400
-# FID at the end against all 1,797 real digits: 500 unguided samples cost ~10 s on two cores
-# (guided ones twice that), which `dit demo`'s 3 minutes can take; 500 real digits score ~3 against
-# the same statistics (benchmarks/RESULTS.md).
+# SiT by default: on the digits it reached the DiT recipe's 3-minute FID in under a third of the
+# training time (benchmarks/time_to_quality.py, chosen on seed 0; benchmarks/RESULTS.md).
+DEMO_OBJECTIVE = "transport"
+# Steps per objective. DiT: 1,400, 100% recognised with seeds 0 and 1 (as at 1,600). SiT: 1,200,
+# because its ODE samples twice per step (midpoint) and so its FID step costs twice DiT's; that
+# keeps the whole command within 3 minutes on two cores.
+DEMO_STEPS = {"diffusion": 1400, "transport": 1200}
+# FID at the end against all 1,797 real digits: 500 unguided samples cost ~10 s on two cores as
+# DiT (~20 s as SiT), which `dit demo`'s 3 minutes can take; 500 real digits score ~3 against the
+# same statistics (benchmarks/RESULTS.md).
 DEMO_FID_SAMPLES = 500
 
 
-def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusion",
+def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE,
                 fid_samples=DEMO_FID_SAMPLES) -> dict:
     """The demo's config: a small DiT-S/4-shaped model sized for two CPU cores.
 
     Tuned so that the whole `dit demo` stays under 3 minutes on two cores with >= 97% of the
-    samples recognised (`python scripts/demo/demo_check.py` measures both).
-
-    `objective="transport"` trains the same network as SiT: a linear interpolant with velocity
-    prediction, sampled by the probability-flow ODE.
+    samples recognised (`python scripts/demo/demo_check.py` measures both). `objective="transport"`
+    (SiT): a linear interpolant with velocity prediction, sampled by the probability-flow ODE;
+    `"diffusion"` (DiT): Gaussian diffusion sampled by DDIM. `steps=None`: the objective's own.
     """
+    if objective not in DEMO_STEPS:
+        raise ConfigError(f"demo objective {objective!r} is not one of {sorted(DEMO_STEPS)}")
+    steps = DEMO_STEPS[objective] if steps is None else steps
     return {
         "output_dir": str(out),
         "objective": objective,
@@ -60,7 +69,7 @@ def demo_config(out="outputs/demo", steps=DEMO_STEPS, seed=0, objective="diffusi
     }
 
 
-def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progress=True, objective="diffusion",
+def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True, objective=DEMO_OBJECTIVE,
              fid_samples=DEMO_FID_SAMPLES) -> dict:
     """Train (FID at the end), then write samples.png, samples.npz (ADM format) and loss.png into `out`; returns a summary
     (only `stopped`, `steps` and `train_seconds` when a signal stopped the training)."""
@@ -100,7 +109,8 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
         im.resize((im.width * 4, im.height * 4), Image.NEAREST).save(grid)
     # The ADM format of every samples .npz (uint8 N×H×W×3 `arr_0`, labels `arr_1`): `dit eval` reads it as is.
     save_npz(out / "samples.npz", images, np.asarray(labels, dtype=np.int64))
-    loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title="dit demo: DiT on scikit-learn digits")
+    family = "SiT" if objective == "transport" else "DiT"
+    loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title=f"dit demo: {family} on scikit-learn digits")
     summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step,
                "already_finished": already_finished}
     from dit_trainer.train.metrics import read_metrics
@@ -122,15 +132,16 @@ def run_demo(out="outputs/demo", steps=DEMO_STEPS, seed=0, per_class=10, progres
 def add_commands(sub) -> None:
     """Register `dit demo`."""
     p = sub.add_parser("demo", help="train a small DiT on scikit-learn's digits and draw a sample grid (CPU, minutes)")
-    p.add_argument("--steps", type=int, default=DEMO_STEPS, help="training steps")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps (default: {DEMO_STEPS['transport']} as SiT, {DEMO_STEPS['diffusion']} as DiT)")
     p.add_argument("--out", default="outputs/demo", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, noise and weights")
     p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid")
     p.add_argument("--fid-samples", type=int, default=DEMO_FID_SAMPLES,
                    help="samples for the FID against the real digits at the end (digit network); 0: none")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--objective", choices=("diffusion", "transport"), default="diffusion",
-                   help="Gaussian diffusion (DiT) or interpolant transport (SiT)")
+    p.add_argument("--objective", choices=("diffusion", "transport"), default=DEMO_OBJECTIVE,
+                   help="interpolant transport (SiT, the default) or Gaussian diffusion (DiT)")
     p.set_defaults(func=run)
 
 
@@ -138,10 +149,11 @@ def run(args) -> int:
     """Run the demo and say where its pictures are."""
     if args.fid_samples != 0 and args.fid_samples < 2:
         raise ConfigError(f"--fid-samples is {args.fid_samples}; FID needs at least 2 samples (0: no FID)")
-    summary = run_demo(args.out, args.steps, args.seed, args.per_class, progress=not args.no_progress,
+    steps = DEMO_STEPS[args.objective] if args.steps is None else args.steps
+    summary = run_demo(args.out, steps, args.seed, args.per_class, progress=not args.no_progress,
                        objective=args.objective, fid_samples=args.fid_samples)
     if summary.get("stopped"):
-        print(f"stopped at step {summary['steps']} of {args.steps}; the checkpoint is in {args.out}/checkpoints: rerun "
+        print(f"stopped at step {summary['steps']} of {steps}; the checkpoint is in {args.out}/checkpoints: rerun "
               f"the same dit demo command to continue")
         return 0
     if summary["already_finished"]:
