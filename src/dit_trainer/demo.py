@@ -131,7 +131,7 @@ def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True
 
 def add_commands(sub) -> None:
     """Register `dit demo`."""
-    p = sub.add_parser("demo", help="train a small DiT on scikit-learn's digits and draw a sample grid (CPU, minutes)")
+    p = sub.add_parser("demo", help="train a small DiT-shaped SiT on scikit-learn's digits and draw a sample grid (CPU, minutes)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps (default: {DEMO_STEPS['transport']} as SiT, {DEMO_STEPS['diffusion']} as DiT)")
     p.add_argument("--out", default="outputs/demo", help="output folder")
