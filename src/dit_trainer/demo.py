@@ -26,6 +26,13 @@ DEMO_STEPS = {"diffusion": 1400, "transport": 1200}
 DEMO_FID_SAMPLES = 500
 
 
+def demo_steps(objective=DEMO_OBJECTIVE, steps=None) -> int:
+    """`steps`, or the demo's own length for `objective`; ConfigError for an objective it lacks."""
+    if objective not in DEMO_STEPS:
+        raise ConfigError(f"demo objective {objective!r} is not one of {sorted(DEMO_STEPS)}")
+    return DEMO_STEPS[objective] if steps is None else steps
+
+
 def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE,
                 fid_samples=DEMO_FID_SAMPLES) -> dict:
     """The demo's config: a small DiT-S/4-shaped model sized for two CPU cores.
@@ -35,9 +42,7 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
     (SiT): a linear interpolant with velocity prediction, sampled by the probability-flow ODE;
     `"diffusion"` (DiT): Gaussian diffusion sampled by DDIM. `steps=None`: the objective's own.
     """
-    if objective not in DEMO_STEPS:
-        raise ConfigError(f"demo objective {objective!r} is not one of {sorted(DEMO_STEPS)}")
-    steps = DEMO_STEPS[objective] if steps is None else steps
+    steps = demo_steps(objective, steps)
     return {
         "output_dir": str(out),
         "objective": objective,
@@ -69,8 +74,8 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
     }
 
 
-def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True, objective=DEMO_OBJECTIVE,
-             fid_samples=DEMO_FID_SAMPLES) -> dict:
+def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True,
+             objective=DEMO_OBJECTIVE, fid_samples=DEMO_FID_SAMPLES) -> dict:
     """Train (FID at the end), then write samples.png, samples.npz (ADM format) and loss.png into `out`; returns a summary
     (only `stopped`, `steps` and `train_seconds` when a signal stopped the training)."""
     import numpy as np
@@ -131,7 +136,8 @@ def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True
 
 def add_commands(sub) -> None:
     """Register `dit demo`."""
-    p = sub.add_parser("demo", help="train a small DiT-shaped SiT on scikit-learn's digits and draw a sample grid (CPU, minutes)")
+    p = sub.add_parser("demo", help="train a small DiT-shaped SiT on scikit-learn's digits and draw a sample grid "
+                                    "(CPU, minutes)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps (default: {DEMO_STEPS['transport']} as SiT, {DEMO_STEPS['diffusion']} as DiT)")
     p.add_argument("--out", default="outputs/demo", help="output folder")
@@ -149,7 +155,7 @@ def run(args) -> int:
     """Run the demo and say where its pictures are."""
     if args.fid_samples != 0 and args.fid_samples < 2:
         raise ConfigError(f"--fid-samples is {args.fid_samples}; FID needs at least 2 samples (0: no FID)")
-    steps = DEMO_STEPS[args.objective] if args.steps is None else args.steps
+    steps = demo_steps(args.objective, args.steps)
     summary = run_demo(args.out, steps, args.seed, args.per_class, progress=not args.no_progress,
                        objective=args.objective, fid_samples=args.fid_samples)
     if summary.get("stopped"):
