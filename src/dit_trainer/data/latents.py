@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from dit_trainer.errors import ConfigError, DataError, one_line
 from dit_trainer.fs import check_regular
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
-from dit_trainer.data.npy import read_array, read_header
+from dit_trainer.npy import read_array, read_header
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
 FASTDIT_FEATURES = "imagenet256_features"

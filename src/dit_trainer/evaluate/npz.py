@@ -13,6 +13,7 @@ import numpy as np
 
 from dit_trainer.errors import DataError
 from dit_trainer.fs import check_regular
+from dit_trainer.npy import read_header
 
 IMAGES_KEY = "arr_0"
 
@@ -69,12 +70,11 @@ class NpzImages:
 
 
 def _read_header(f, path):
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    if version == (2, 0):
-        return np.lib.format.read_array_header_2_0(f)
-    raise DataError(f"{path}: {IMAGES_KEY} uses .npy format {version}; re-save it with np.savez")
+    try:
+        return read_header(f)
+    except ValueError as err:
+        raise DataError(f"{path}: {IMAGES_KEY} is not an array numpy.save writes ({err}); "
+                        f"re-save it with np.savez") from None
 
 
 def to_rgb_batch(images: np.ndarray) -> np.ndarray:

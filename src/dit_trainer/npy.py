@@ -1,11 +1,12 @@
-"""Reading `.npy` latents without numpy's header parser.
+"""Reading `.npy` arrays (latents, labels, sample batches) without numpy's header parser.
 
 numpy reads a `.npy` header with `ast.literal_eval`. On CPython 3.11.5–3.11.7 the AST constructor
 keeps its recursion counter in interpreter-wide state, so a parse that another thread interleaves
 with (a thread switch during a garbage collection is enough) fails with "SystemError: AST
-constructor recursion depth mismatch" (python/cpython#106905). Latents are read in a thread pool
-and in DataLoader workers, so that rare error would stop a training run. The header numpy writes is
-one fixed dict spelling, read here with a regular expression; any other spelling goes to numpy.
+constructor recursion depth mismatch" (python/cpython#106905). Latents are read in a thread pool and
+in DataLoader workers, so that rare error would stop a training run; data/ and evaluate/ both read
+their headers here. The header numpy writes is one fixed dict spelling, read here with a regular
+expression; any other spelling goes to numpy.
 """
 
 import re

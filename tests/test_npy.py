@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from dit_trainer.data.npy import read_array, read_header
+from dit_trainer.npy import read_array, read_header
 
 ARRAYS = [
     np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32),
