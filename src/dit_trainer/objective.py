@@ -61,64 +61,13 @@ class Objective:
             raise ConfigError(f"option(s) {', '.join(unknown)} do not apply to the {sampler} sampler; "
                               f"it takes {', '.join(allowed) or 'none'}")
 
-    def normalised_time(self, t):
-        """The network's time input `t` as 0 (pure noise) .. 1 (data): the unit of guidance intervals."""
+    def noise_level(self, t):
+        """The noise level σ of the network's time input `t`: the noise's scale over the signal's in x_t
+        (EDM's σ; x_t / signal scale = x + σ·noise), the unit guidance intervals are given in.
+
+        One unit for every objective and schedule, so a published interval carries over: σ is infinite
+        at pure noise and 0 at the data."""
         raise NotImplementedError
-
-    def guidance_interval(self, requested=None, flag="guidance_interval"):
-        """The (lo, hi) normalised times to guide in, or None (every step); `flag` names `requested` in the error.
-
-        `requested`, else the objective's configured default; lo and hi are checked here, before sampling."""
-        interval = requested if requested is not None else self.configured_guidance_interval()
-        if interval is None:
-            return None
-        if type(self).normalised_time is Objective.normalised_time:
-            raise ConfigError(f"objective {self.name!r} has no normalised time to place a guidance interval in: "
-                              f"drop {flag}")
-        try:
-            lo, hi = (float(v) for v in interval)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{flag} must be two numbers [lo, hi], got {interval!r}") from None
-        if not 0 <= lo <= hi <= 1:
-            raise ConfigError(f"{flag} must satisfy 0 <= lo <= hi <= 1 (0 noise, 1 data), got {list(interval)!r}")
-        return lo, hi
-
-    def configured_guidance_interval(self):
-        """The config's guidance interval of this objective; none by default."""
-        return None
-
-    def guided_model_fn(self, model, cfg_scale, cfg_channels=None, interval=None):
-        """model_fn(x, t, y) of classifier-free guidance over a [conditional; null-label] batch.
-
-        Guidance is `model.forward_with_cfg` (the release's arithmetic; `cfg_channels` None keeps the
-        model's own channel default). With `interval=(lo, hi)` it guides only where lo <= the
-        normalised time <= hi (Kynkaanniemi et al., 2024); elsewhere the unconditional pass is skipped
-        and both halves get the conditional prediction.
-        """
-        import functools
-
-        import torch
-
-        channel_kw = {} if cfg_channels is None else {"cfg_channels": int(cfg_channels)}
-        full = functools.partial(model.forward_with_cfg, cfg_scale=float(cfg_scale), **channel_kw)
-        if interval is None:
-            return full
-        lo, hi = interval
-
-        def guided(x, t, y, **kwargs):
-            s = self.normalised_time(t)
-            inside = (s >= lo) & (s <= hi)
-            if bool(inside.all()):
-                return full(x, t, y, **kwargs)
-            half = len(x) // 2
-            cond = model(x[:half], t[:half], y[:half], **kwargs)
-            if not bool(inside.any()):
-                return torch.cat([cond, cond], dim=0)
-            # Mixed times in one batch (the samplers here never make one): blend per sample.
-            mask = inside.view(-1, *([1] * (x.dim() - 1)))
-            return torch.where(mask, full(x, t, y, **kwargs), torch.cat([cond, cond], dim=0))
-
-        return guided
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """Samples from initial noise z with model_fn(x, t, **model_kwargs)."""

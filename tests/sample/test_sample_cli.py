@@ -84,13 +84,13 @@ def test_guidance_interval_on_a_diffusion_run(digits_ckpt, tmp_path, capsys):
     assert sample_cli(digits_ckpt[0], "--class-labels", "1", "--guidance-interval", "0.8", "0.2",
                       "--out", str(tmp_path / "g.png")) == 2
     err = capsys.readouterr().err.strip()
-    assert "--guidance-interval must satisfy 0 <= lo <= hi <= 1" in err and "\n" not in err
+    assert "--guidance-interval must satisfy 0 <= sigma_lo < sigma_hi" in err and "\n" not in err
     assert not (tmp_path / "g.png").exists()
     model, cfg = S.load_model(digits_ckpt[0])
     full = S.sample_latents(model, cfg, [1, 2], steps=3, seed=4)
-    # [0, 1] holds every step: the same samples, bit for bit, as guiding every step.
-    assert torch.equal(S.sample_latents(model, cfg, [1, 2], steps=3, seed=4, guidance_interval=(0, 1)), full)
-    assert not torch.equal(S.sample_latents(model, cfg, [1, 2], steps=3, seed=4, guidance_interval=(0.9, 1)), full)
+    # (0, inf] holds every noise level: the same samples, bit for bit, as guiding every step.
+    assert torch.equal(S.sample_latents(model, cfg, [1, 2], steps=3, seed=4, guidance_interval=(0, float("inf"))), full)
+    assert not torch.equal(S.sample_latents(model, cfg, [1, 2], steps=3, seed=4, guidance_interval=(0, 0.5)), full)
 
 
 def test_sampler_flags_are_the_objectives_to_accept():
@@ -98,17 +98,14 @@ def test_sampler_flags_are_the_objectives_to_accept():
 
     from dit_trainer.sample.cli import sampler_options
 
-    class Tolerant:  # an objective whose one sampler takes atol only, and has no guidance interval of its own
+    class Tolerant:  # an objective whose one sampler takes atol only
         name = "tolerant"
 
         def sampler_option_names(self, sampler):
             return ("atol",)
 
-        def guidance_interval(self, requested=None, flag="guidance_interval"):
-            return requested
-
-    args = SimpleNamespace(atol=1e-3, sde_method=None, guidance_interval=[0.2, 0.8])
-    assert sampler_options(args, Tolerant(), "any") == {"atol": 1e-3, "guidance_interval": (0.2, 0.8)}
+    args = SimpleNamespace(atol=1e-3, sde_method=None)
+    assert sampler_options(args, Tolerant(), "any") == {"atol": 1e-3}
     with pytest.raises(ConfigError, match="^--sde-method do\\(es\\) not apply to --sampler any$"):
         sampler_options(SimpleNamespace(sde_method="Heun"), Tolerant(), "any")
 

@@ -135,8 +135,8 @@ def test_diffusion_sample_respaces_and_is_seeded():
         obj.sample(model, z, sampler="ddim", steps=0, model_kwargs=kw)
 
 
-def test_each_objective_names_its_samplers_options_and_guidance_interval():
-    transport = build_objective(_transport_cfg(guidance_interval=[0.1, 0.9]))
+def test_each_objective_names_its_samplers_and_options():
+    transport = build_objective(_transport_cfg())
     diffusion = build_objective(build_config({}))
     assert "ode_method" in transport.sampler_option_names("ode") and "sde_method" not in transport.sampler_option_names("ode")
     assert "sde_method" in transport.sampler_option_names("sde") and "atol" not in transport.sampler_option_names("sde")
@@ -145,9 +145,3 @@ def test_each_objective_names_its_samplers_options_and_guidance_interval():
         transport.sampler_option_names("ddim")
     with pytest.raises(ConfigError, match="atol do not apply to the ddpm sampler; it takes clip_denoised"):
         diffusion.check_options("ddpm", {"atol": 1e-3})
-    # The one asked for, else the section's default (none by default), checked in one line.
-    assert transport.guidance_interval((0.2, 0.8)) == (0.2, 0.8) and transport.guidance_interval() == (0.1, 0.9)
-    assert build_objective(_transport_cfg()).guidance_interval() is None and diffusion.guidance_interval() is None
-    assert diffusion.guidance_interval((0.2, 0.8), "--gi") == (0.2, 0.8)
-    with pytest.raises(ConfigError, match=r"^--gi must satisfy 0 <= lo <= hi <= 1 \(0 noise, 1 data\), got \[0.8, 0.2\]$"):
-        diffusion.guidance_interval((0.8, 0.2), "--gi")

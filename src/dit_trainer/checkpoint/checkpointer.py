@@ -18,11 +18,12 @@ from dit_trainer.parallel.utils import any_rank, barrier
 class Checkpointer:
     """The model parts, optimizer and EMA of a run, saved to and loaded from `output_dir/checkpoints`."""
 
-    def __init__(self, output_dir, model_parts, optimizer, ema, dims, device, sharded: bool, keep: int):
+    def __init__(self, output_dir, model_parts, optimizer, ema, dims, device, sharded: bool, keep: int, keep_steps=()):
         """`sharded`: write DCP shards (any sharded layout, or `checkpoint.sharded`); `keep`: how many
-        of the newest checkpoints rotation keeps (0 keeps all)."""
+        of the newest checkpoints rotation keeps (0 keeps all); `keep_steps`: steps it keeps besides."""
         self.output_dir, self.model_parts, self.optimizer, self.ema = output_dir, list(model_parts), optimizer, ema
         self.dims, self.device, self.sharded, self.keep = dims, device, sharded, keep
+        self.keep_steps = tuple(keep_steps)
         # The kernel choice (fused, foreach) belongs to this layout's parameters, not to the writer's.
         self._kernels = {k: optimizer.param_groups[0][k] for k in ("fused", "foreach")}
         # Names of checkpoints known whole (written or verified by this process): rotation counts them
@@ -66,7 +67,8 @@ class Checkpointer:
             shards = functools.partial(self._write_shards, trainer_state)
             writers = ckpt.Writers(main, functools.partial(any_rank, device=self.device), barrier)
         self.last_good = ckpt.save_checkpoint(self.output_dir, step, files, self.keep, self.whole,
-                                              self._needed() if main else None, shards=shards, writers=writers)
+                                              self._needed() if main else None, shards=shards, writers=writers,
+                                              keep_steps=self.keep_steps)
         return self.last_good
 
     def _write_shards(self, trainer_state: dict, folder) -> None:

@@ -183,9 +183,10 @@ def step_of(path) -> int:
     return int(CKPT_RE.match(Path(path).name).group(1))
 
 
-def commit_checkpoint(tmp: Path, keep: int = 0, whole=None) -> Path:
+def commit_checkpoint(tmp: Path, keep: int = 0, whole=None, keep_steps=()) -> Path:
     """Rename a finished temporary directory to its final name, then rotate: keep the newest `keep`
-    checkpoints that verify (0 keeps all) and delete the ones older than those.
+    checkpoints that verify (0 keeps all) and delete the ones older than those, except the steps in
+    `keep_steps` (kept on purpose, e.g. an autoguidance guide; they do not count toward `keep`).
 
     Rotation never deletes the newest verified checkpoint, and a checkpoint that fails its manifest
     (a truncated newer one, say) is never kept in a good one's place: it does not count. `whole` is
@@ -199,7 +200,10 @@ def commit_checkpoint(tmp: Path, keep: int = 0, whole=None) -> Path:
     whole.add(final.name)
     if keep > 0:
         good = 0
+        kept = {int(k) for k in keep_steps}
         for path in reversed(list_checkpoints(final.parent.parent)):
+            if step_of(path) in kept:
+                continue
             if good >= keep:
                 shutil.rmtree(path, ignore_errors=True)
             elif path.name in whole or _verifies(path):
@@ -226,10 +230,10 @@ class Writers:
 
 
 def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0, whole=None, needed=None, shards=None,
-                    writers=None) -> Path:
+                    writers=None, keep_steps=()) -> Path:
     """Write checkpoint `step` atomically, the one way every checkpoint is written: begin (a fresh
     `step-XXXXXXXX.tmp`), write, manifest, commit (rename, then rotate as `commit_checkpoint` does;
-    `keep` 0 keeps all).
+    `keep` 0 keeps all, `keep_steps` kept besides).
 
     `files` maps file names to content, written by rank 0: `*.safetensors` take a state dict of
     tensors, `*.pt` any weights-only-loadable object, `*.yaml`/`*.json` a string. `shards(tmp)`, when
@@ -261,7 +265,7 @@ def save_checkpoint(output_dir, step: int, files: dict, keep: int = 0, whole=Non
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise error or CheckpointError(f"cannot write checkpoint {tmp}: another rank failed to write its shards")
-    final = commit_checkpoint(tmp, keep, whole) if main else tmp.with_name(tmp.name.removesuffix(".tmp"))
+    final = commit_checkpoint(tmp, keep, whole, keep_steps) if main else tmp.with_name(tmp.name.removesuffix(".tmp"))
     writers.barrier()
     return final
 

@@ -28,6 +28,7 @@ from dit_trainer.config.schema import (
     ModelConfig,
     OptimConfig,
     ParallelConfig,
+    SampleConfig,
     TrainConfig,
     all_keys,
 )
@@ -35,7 +36,7 @@ from dit_trainer.transport.config import TransportConfig
 
 __all__ = [
     "RETIRED_KEYS", "RFC_KEYS", "SECTIONS", "CheckpointConfig", "Config", "DataConfig", "DiffusionConfig",
-    "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "TrainConfig", "TransportConfig", "all_keys",
+    "LoggingConfig", "ModelConfig", "OptimConfig", "ParallelConfig", "SampleConfig", "TrainConfig", "TransportConfig", "all_keys",
     "backend_of", "build_config", "config_yaml", "flatten", "given_keys", "parse_overrides", "read_settings",
     "save_config", "set_key",
 ]

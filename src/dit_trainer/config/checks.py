@@ -92,6 +92,41 @@ def check_device_name(name: str, key: str) -> None:
         raise ConfigError(f"{key} {name!r} is not a device; use auto, cpu, cuda or cuda:N")
 
 
+def guidance_interval(value, key: str):
+    """(sigma_lo, sigma_hi) of a guidance interval given as two noise levels, or None; a one-line error naming `key`."""
+    if value is None:
+        return None
+    def number(v):
+        # YAML's `.inf` is a float already; the same word in a dict or on the command line is a string.
+        return math.inf if isinstance(v, str) and v.strip().lower() in (".inf", "inf", "+inf") else float(v)
+
+    try:
+        lo, hi = (number(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be two noise levels [sigma_lo, sigma_hi], got {value!r}") from None
+    if not (0 <= lo < hi) or math.isnan(hi):
+        raise ConfigError(f"{key} must satisfy 0 <= sigma_lo < sigma_hi (noise levels; .inf for no upper bound), "
+                          f"got {list(value)!r}")
+    return lo, hi
+
+
+def check_guidance(section, prefix: str, guide_key: str = "guide") -> None:
+    """A section's guidance keys (`sample.*`, `eval.*`): weights in range, a guide with its weight, an interval."""
+    scale = getattr(section, "cfg_scale", None)
+    if scale is not None and not scale >= 1:
+        raise ConfigError(f"{prefix}.cfg_scale is {scale!r}; it must be 1 (no guidance) or more")
+    guide, weight = getattr(section, guide_key), section.guide_scale
+    if weight is not None and not (weight >= 1 and math.isfinite(weight)):
+        raise ConfigError(f"{prefix}.guide_scale is {weight!r}; it must be a number >= 1 (1: no autoguidance)")
+    if guide is not None and weight is None:
+        raise ConfigError(f"{prefix}.guide is set but {prefix}.guide_scale is not; set the autoguidance weight, e.g. 2.0")
+    if weight is not None and guide is None:
+        raise ConfigError(f"{prefix}.guide_scale is set but {prefix}.guide is not; name the guide checkpoint or drop it")
+    interval = guidance_interval(section.guidance_interval, f"{prefix}.guidance_interval")
+    # Kept as numbers, so config.yaml holds `.inf` however the user spelt it.
+    section.guidance_interval = None if interval is None else list(interval)
+
+
 def check_values(cfg) -> None:
     """Raise a one-line ConfigError for the first value outside what its key allows."""
     for key, ok, allowed in _RANGES:
@@ -117,6 +152,18 @@ def check_values(cfg) -> None:
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
         raise ConfigError(f"train.global_batch_size {cfg.train.global_batch_size} does not split into "
                           f"train.grad_accum_steps {cfg.train.grad_accum_steps} micro-batches; pick a divisor of it")
+    keep = cfg.checkpoint.keep_steps
+    if not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in keep):
+        raise ConfigError(f"checkpoint.keep_steps is {keep!r}; it must be a list of positive step numbers, e.g. [300]")
+    check_guidance(cfg.sample, "sample")
+    check_guidance(cfg.eval, "eval")
+    s = cfg.sample
+    if s.ema_std is not None and not (0 < s.ema_std and math.isfinite(s.ema_std)):
+        raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a positive sigma_rel such as 0.05")
+    if s.sampler is not None and s.sampler not in ("ddpm", "ddim", "ode", "sde"):
+        raise ConfigError(f"sample.sampler {s.sampler!r} is not one of ddpm|ddim|ode|sde")
+    if s.steps is not None and not s.steps >= 1:
+        raise ConfigError(f"sample.steps is {s.steps!r}; it must be a positive integer")
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")

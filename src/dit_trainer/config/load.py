@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from dit_trainer.config.schema import RETIRED_KEYS, RFC_KEYS, SECTIONS, Config, ModelConfig, all_keys
+from dit_trainer.config.schema import MOVED_KEYS, RETIRED_KEYS, RFC_KEYS, SECTIONS, Config, ModelConfig, all_keys
 from dit_trainer.typed import closest_key_error, coerce
 from dit_trainer.errors import ConfigError
 
@@ -39,6 +39,11 @@ def set_key(cfg: Config, key: str, value: Any) -> set:
 
     if key in RETIRED_KEYS:
         return set()  # an older run's config.yaml still resumes
+    if key in MOVED_KEYS:
+        if value is None:
+            return set()
+        raise ConfigError(f"{key} was a band of normalised times; it is now {MOVED_KEYS[key]}, a band of noise levels "
+                          f"sigma (sigma_lo < sigma <= sigma_hi); drop {key} and set {MOVED_KEYS[key]}")
     parts = key.split(".")
     obj = cfg
     for i, part in enumerate(parts):

@@ -42,7 +42,6 @@ class DiffusionConfig:
     timestep_std: float = 1.0  # std s (> 0) of the logit-normal and lognormal timestep samplers
     loss_weighting: str = "none"  # none | min-snr: weigh the MSE term by min(SNR, min_snr_gamma) / SNR (noise prediction) or min(SNR, min_snr_gamma) (predict_xstart); a learned variance's bound term is left as it is
     min_snr_gamma: float = 5.0  # the gamma (> 0) of min-snr loss weighting
-    guidance_interval: Optional[list] = None  # [lo, hi] in 1 - t/(num_timesteps - 1) (0 noise, 1 data); None guides every step
 
 
 @dataclass
@@ -96,6 +95,7 @@ class TrainConfig:
 class CheckpointConfig:
     save_steps: int = 1000  # save a checkpoint every this many steps (and at the end)
     save_total_limit: int = 3  # keep the newest this many checkpoints that verify; 0 keeps all
+    keep_steps: list = field(default_factory=list)  # also save at these steps and keep their checkpoints whatever save_total_limit says (e.g. an early one as autoguidance's guide, sample.guide)
     resume: bool = True  # resume from the newest usable checkpoint in output_dir
     resume_from: Optional[str] = None  # resume from this checkpoint folder or step number instead of the newest; newer ones move to checkpoints/abandoned-*
     sharded: bool = False  # torch.distributed.checkpoint instead of full safetensors
@@ -126,10 +126,27 @@ class EvalConfig:
     sample_batch_size: int = 50  # samples drawn per chunk (one seed each: the same noise at every measurement)
     sample_steps: int = 50  # sampler steps of those samples (the objective's default sampler)
     cfg_scale: float = 1.0  # their guidance scale, >= 1 (1: none, the usual training-time FID)
+    guide: Optional[str] = None  # autoguidance for these samples: the guide checkpoint, as sample.guide; a step of this run is used once it is saved (measurements before it are skipped)
+    guide_scale: Optional[float] = None  # autoguidance weight w > 1 (D_guide + w (D - D_guide)); needed with eval.guide
+    guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, as sample.guidance_interval
     network: str = "auto"  # auto | inception | digits; auto: the digit network for data.path digits, else Inception
     ref: Optional[str] = None  # reference .npz (ADM's, or dit eval --ref-from-*) instead of the training set's statistics
     ref_images: int = 10000  # training latents decoded for the statistics, this many at random; 0: all (image folders: all)
     inception_weights: Optional[str] = None  # Inception weight file; None: fetched into torch's hub cache on first use
+
+
+@dataclass
+class SampleConfig:
+    """How this run's samples are best drawn: what `dit sample`, `dit sample-ddp` and `dit eval --ckpt`
+    use where no flag says otherwise (`dit demo` records what it found best here)."""
+
+    cfg_scale: Optional[float] = None  # classifier-free guidance weight >= 1 (1: none); None: each command's release default (sample 4.0, sample-ddp 1.5)
+    guide: Optional[str] = None  # autoguidance (Karras et al., 2024): the guide checkpoint, a step of this run (300: checkpoints/step-00000300, kept by checkpoint.keep_steps) or a path (relative to output_dir) to a checkpoint or run of the same latent shape, classes and objective; None: no autoguidance
+    guide_scale: Optional[float] = None  # autoguidance weight w > 1: D_guide + w (D - D_guide); needed with sample.guide
+    guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, sigma the noise level (noise scale over signal scale, EDM's sigma: the same unit for every schedule and objective; .inf for no upper bound); None guides every step
+    ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel (dit ema reconstructs it from train.phema_stds snapshots); None: the checkpoint's ema.safetensors
+    sampler: Optional[str] = None  # ddpm | ddim (diffusion) or ode | sde (transport); None: the release's (ddpm, ode)
+    steps: Optional[int] = None  # sampler steps; None: the sampler's default
 
 
 @dataclass
@@ -159,6 +176,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict:
@@ -197,6 +215,14 @@ RETIRED_KEYS = {
     "train.keep_freed_memory": "a CPU run keeps freed memory for reuse by itself",
     "train.host_sync": "the trainer reads a step's checks when the device has them: every step on a CPU, "
                        "at log steps on an accelerator",
+}
+
+
+# Keys that moved: a value there now would mean something else, so it is refused (null, as older
+# run folders wrote it, is read and ignored).
+MOVED_KEYS = {
+    "diffusion.guidance_interval": "sample.guidance_interval",
+    "transport.guidance_interval": "sample.guidance_interval",
 }
 
 

@@ -24,7 +24,25 @@ def add_commands(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT when it already holds files (they are deleted); by default they are kept "
                         "and nothing is written")
+    p.add_argument("--without-guide", action="store_true",
+                   help="export a run that samples with autoguidance (sample.guide) to diffusers/ppdiffusers, whose "
+                        "DiTPipeline holds one transformer: the main model alone, sampled with classifier-free "
+                        "guidance only")
     p.set_defaults(func=run)
+
+
+def check_guide(args) -> None:
+    """Refuse in one line to drop a run's autoguidance guide silently: a DiTPipeline folder holds one transformer."""
+    from dit_trainer import checkpoint
+    from dit_trainer.errors import ConfigError
+
+    if args.src_format != "ours" or args.dst_format not in ("diffusers", "ppdiffusers") or args.without_guide:
+        return
+    cfg = checkpoint.open(args.src, flag="SRC").config()
+    if cfg is not None and cfg.sample.guide is not None:
+        raise ConfigError(f"{args.src} samples with autoguidance (sample.guide {cfg.sample.guide}), and a "
+                          f"{args.dst_format} DiTPipeline folder holds one transformer; pass --without-guide to export "
+                          f"the main model alone, or sample with dit_trainer's DiTPipeline(..., guide=GUIDE_FOLDER)")
 
 
 def check_paths(src, out, overwrite: bool = False) -> None:
@@ -52,6 +70,7 @@ def run(args) -> int:
     from dit_trainer.convert import convert
 
     check_paths(args.src, args.out, args.overwrite)
+    check_guide(args)
     out, bundle = convert(args.src_format, args.src, args.dst_format, args.out, model=args.model, vae=args.vae,
                           num_heads=args.num_heads, convention=args.timestep_convention, overwrite=args.overwrite)
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}

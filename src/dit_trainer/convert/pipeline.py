@@ -85,6 +85,15 @@ class DiTPipeline:
             names = imagenet_class_names()
         return cls(model, cfg, decoder, names, device)
 
+    def _guide(self, guide):
+        """The guide's model, checked against this pipeline's: a DiTPipeline, or a folder one loads from."""
+        from dit_trainer.sample.run_settings import check_guide_fits
+
+        if not isinstance(guide, DiTPipeline):
+            guide = DiTPipeline.from_pretrained(guide, device=self.device)
+        check_guide_fits(guide.cfg, guide.model, self.cfg, self.model, "guide")
+        return guide.model.to(self.device)
+
     def get_label_ids(self, label):
         """Class ids for a name or a list of names (any synonym, case-insensitive), as diffusers' pipeline."""
         from dit_trainer.class_names import resolve_labels
@@ -94,13 +103,16 @@ class DiTPipeline:
 
     @torch.no_grad()
     def __call__(self, class_labels, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
-                 sampler=None, output_type="pil", progress=False, compile=False, guidance_interval=None):
+                 sampler=None, output_type="pil", progress=False, compile=False, guidance_interval=None, guide=None,
+                 guide_scale=1.0):
         """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1].
 
         `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT).
 
-        `guidance_interval=(lo, hi)` guides only for normalised times lo..hi (0 noise, 1 data; see
-        `Objective.guidance_interval`), default the run's config's (None: every step).
+        `guidance_interval=(sigma_lo, sigma_hi)` guides only where the noise level sigma lies in
+        (sigma_lo, sigma_hi] (EDM's sigma; None: every step). `guide` (a DiTPipeline or a folder it loads
+        from, of the same latent shape, classes and objective) with `guide_scale` w > 1 is autoguidance:
+        D_guide + w (D - D_guide), on top of `guidance_scale` (1: autoguidance alone).
 
         `compile=True` compiles the model's forward on the first call (about a minute), for many calls.
         """
@@ -108,13 +120,15 @@ class DiTPipeline:
 
         if output_type not in ("pil", "np"):
             raise ConfigError(f"output_type {output_type!r} is not 'pil' or 'np'")
+        guide_model = self._guide(guide) if guide is not None and float(guide_scale) != 1.0 else None
         labels = self.get_label_ids(class_labels)
         if generator is not None:
             size = self.model.x_embedder.img_size[0]
             seed = _seed_from(generator, (len(labels), self.model.in_channels, size, size))
         samples = sample_latents(self.model, self.cfg, labels, cfg_scale=guidance_scale, sampler=sampler,
                                  steps=int(num_inference_steps), seed=int(seed or 0), device=self.device,
-                                 progress=progress, compile=compile, guidance_interval=guidance_interval)
+                                 progress=progress, compile=compile, guidance_interval=guidance_interval,
+                                 guide=guide_model, guide_scale=float(guide_scale))
         images = to_images(samples, *self.decoder).cpu()
         if output_type == "np":
             return ((images + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()

@@ -129,15 +129,14 @@ class DiffusionObjective(Objective):
         except ValueError as err:
             raise ConfigError(f"--steps {steps} does not work with {sampler} ({err}); try 25, 50, 100 or 250") from None
 
-    def normalised_time(self, t):
-        """1 - t / (T - 1) for base-process timestep t of T: 0 at the noisiest step, 1 at the cleanest
-        (the network always sees base timesteps, respaced or not), as transport's t runs."""
-        total = getattr(self.diffusion, "original_num_steps", self.diffusion.num_timesteps)
-        return 1 - t.float() / max(total - 1, 1)
-
-    def configured_guidance_interval(self):
-        """The `diffusion:` section's `guidance_interval` (None: guide every step)."""
-        return getattr(getattr(self.cfg, "diffusion", None), "guidance_interval", None)
+    def noise_level(self, t):
+        """σ = sqrt((1 - ᾱ_t) / ᾱ_t) of base-process timestep t (x_t / sqrt(ᾱ_t) = x + σ·noise); the network
+        always sees base timesteps, respaced or not."""
+        base = getattr(self, "_base_sigmas", None)
+        if base is None:
+            alphas = self.diffusion.alphas_cumprod  # of the base process: built without respacing
+            base = self._base_sigmas = torch.from_numpy(((1 - alphas) / alphas) ** 0.5)
+        return base.to(t.device)[t.long()]
 
     def sampler_option_names(self, sampler) -> tuple:
         """clip_denoised and generator; ddim takes eta too."""

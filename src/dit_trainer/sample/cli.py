@@ -34,20 +34,36 @@ def add_commands(subparsers) -> None:
 
 
 def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
-    """The flags `dit sample` and `dit sample-ddp` share: checkpoint reading, guidance, sampler.
+    """The flags `dit sample`, `dit sample-ddp` and `dit eval --ckpt` share: checkpoint reading, guidance, sampler.
 
-    `cfg_scale`: the default guidance, the release's for each command (sample.py 4.0 for pictures,
-    sample_ddp.py 1.5, the FID setting of the paper)."""
-    p.add_argument("--cfg-scale", type=float, default=cfg_scale,
-                   help="guidance scale, >= 1; 1 disables guidance")
+    Unset, a flag takes the run's `sample:` section (what the run recommends), else its default;
+    `cfg_scale` is the release's default of each command (sample.py 4.0 for pictures, sample_ddp.py 1.5,
+    the FID setting of the paper)."""
+    p.set_defaults(release_cfg_scale=cfg_scale)
+    p.add_argument("--cfg-scale", type=float, default=None,
+                   help=f"classifier-free guidance weight, >= 1; 1 disables it (default: the run's sample.cfg_scale, "
+                        f"else {cfg_scale})")
     p.add_argument("--cfg-channels", type=int, default=None, help="guide only the first N channels (the release's FIDs used 3)")
+    p.add_argument("--guide", default=None, metavar="CKPT",
+                   help="autoguidance: guide with this checkpoint instead of (or besides) the null label: a step "
+                        "number of the same run (e.g. 300) or a checkpoint/run folder of the same latent shape, "
+                        "classes and objective (default: the run's sample.guide)")
+    p.add_argument("--guide-scale", type=float, default=None, metavar="W",
+                   help="autoguidance weight: D_guide + W (D - D_guide); 1 turns it off (default: the run's "
+                        "sample.guide_scale)")
+    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("SIGMA_LO", "SIGMA_HI"),
+                   help="guide only where the noise level sigma (noise over signal scale, EDM's sigma, the same for "
+                        "every schedule and objective) lies in (SIGMA_LO, SIGMA_HI]; inf for no upper bound "
+                        "(default: the run's sample.guidance_interval, else every step)")
+    p.add_argument("--ema-std", default=None, metavar="SIGMA_REL",
+                   help="sample the post-hoc EMA of this sigma_rel (reconstructed by `dit ema`); none: the "
+                        "checkpoint's ema.safetensors (default: the run's sample.ema_std)")
     p.add_argument("--sampler", choices=("ddpm", "ddim", "ode", "sde"), default=None,
-                   help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode)")
+                   help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode); "
+                        "default: the run's sample.sampler")
     p.add_argument("--steps", "--num-sampling-steps", type=int, default=None,
-                   help="sampling steps (default: ddpm 250, ddim 50, ode 50 for fixed-step methods, sde 250)")
-    p.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
-                   help="guide only for normalised times LO <= s <= HI (0 noise, 1 data; diffusion: s = 1 - t/(T-1)); "
-                        "default: the run's diffusion/transport guidance_interval, else every step")
+                   help="sampling steps (default: the run's sample.steps, else ddpm 250, ddim 50, ode 50 for "
+                        "fixed-step methods, sde 250)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial noise")
     p.add_argument("--model", default=None, help="model of a weights file: a name such as DiT-XL/2, or a PaddleMIX DiT "
                    "JSON / our YAML model config (then its sample_size and classes are used)")
@@ -91,8 +107,6 @@ def sampler_options(args, objective, sampler) -> dict:
         raise ConfigError(f"{flags} do(es) not apply to --sampler {sampler}")
     if given.get("sde_last_step") == "None":
         given["sde_last_step"] = None
-    if getattr(args, "guidance_interval", None) is not None:
-        given["guidance_interval"] = objective.guidance_interval(tuple(args.guidance_interval), "--guidance-interval")
     return given
 
 
@@ -110,8 +124,12 @@ def note_adaptive_steps(args, sampler, cfg) -> None:
 
 def check_args(args) -> None:
     """One-line errors for values no sampling can use (checked before the model loads)."""
-    if not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale):
+    if args.cfg_scale is not None and (not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale)):
         raise ConfigError(f"--cfg-scale is {args.cfg_scale}; it must be a number >= 1 (1 disables guidance)")
+    if args.guidance_interval is not None:
+        from dit_trainer.sample.guidance import check_interval
+
+        check_interval(args.guidance_interval, "--guidance-interval")
     for flag in ("--per-class", "--steps", "--num-samples", "--batch-size", "--cfg-channels", "--nrow", "--image-size",
                  "--num-classes"):
         value = getattr(args, flag[2:].replace("-", "_"), None)
@@ -150,6 +168,8 @@ def fid_settings(args):
     return FidBatchSettings(
         npz=args.npz, ckpt=args.ckpt, num_samples=args.num_samples, batch_size=args.batch_size, seed=args.seed,
         steps=args.steps, cfg_scale=args.cfg_scale, cfg_channels=args.cfg_channels, dtype=getattr(args, "dtype", "fp32"),
+        guide_scale=args.guide_scale,
+        guidance_interval=None if args.guidance_interval is None else tuple(float(v) for v in args.guidance_interval),
         weights=args.weights, vae=args.vae, vae_dtype=args.vae_dtype, progress=not args.no_progress,
         overwrite=args.overwrite)
 
@@ -163,7 +183,8 @@ def load_sampling_model(args, ckpt):
 
 @dataclasses.dataclass
 class SamplingRun:
-    """A checkpoint's model on its device and what sampling it takes: objective, sampler, its options, the VAE."""
+    """A checkpoint's model on its device and what sampling it takes: objective, sampler, its options, the
+    guidance (a guide model for autoguidance, the noise-level interval), the VAE, and the readers sampled from."""
 
     model: object
     cfg: object
@@ -172,14 +193,35 @@ class SamplingRun:
     options: dict
     device: object
     decoder: tuple = (None, None, None)
+    reader: object = None  # the checkpoint the model's weights came from (a post-hoc EMA folder with --ema-std)
+    guide: object = None  # autoguidance's guide model, or None
+    guide_reader: object = None
+    args: object = None  # the command's flags with the unset ones resolved (the run's sample: section, the defaults)
+
+    def guidance(self) -> dict:
+        """`sample_latents`' guidance keywords."""
+        a = self.args
+        interval = None if a.guidance_interval is None else tuple(a.guidance_interval)
+        return {"cfg_scale": a.cfg_scale, "cfg_channels": a.cfg_channels, "guide": self.guide,
+                "guide_scale": a.guide_scale if self.guide is not None else 1.0, "guidance_interval": interval}
 
 
 def prepare_sampling(args, ckpt, device, rank=0) -> SamplingRun:
-    """The SamplingRun of `ckpt` (a path or a `checkpoint.open` reader) with every sampling flag checked;
-    the VAE is loaded apart (`load_vae`), so a command can check its own flags first."""
+    """The SamplingRun of `ckpt` (a path or a `checkpoint.open` reader) with every sampling flag checked and
+    the unset ones taken from the run's `sample:` section; the VAE is loaded apart (`load_vae`), so a command
+    can check its own flags first."""
+    import copy
+
+    from dit_trainer import checkpoint
+    from dit_trainer.sample.run_settings import apply_recommended, ema_reader, load_guide, run_folder
     from dit_trainer.sample.sampling import as_objective
 
-    model, cfg = load_sampling_model(args, ckpt)
+    reader = checkpoint.open(ckpt, flag="--ckpt")
+    given_guide = args.guide is not None
+    args = copy.copy(args)  # the caller's flags stay as typed: a second call resolves them alike
+    apply_recommended(args, reader.config(), args.release_cfg_scale)
+    reader = ema_reader(reader, args.ema_std) if reader.folder is not None else reader
+    model, cfg = load_sampling_model(args, reader)
     check_cfg_channels(args, model)
     model.to(device)
     objective = as_objective(cfg, model)
@@ -188,7 +230,11 @@ def prepare_sampling(args, ckpt, device, rank=0) -> SamplingRun:
     options = sampler_options(args, objective, sampler)
     if rank == 0:
         note_adaptive_steps(args, sampler, cfg)
-    return SamplingRun(model, cfg, objective, sampler, options, device)
+    guide = guide_reader = None
+    if args.guide is not None:
+        guide, guide_reader = load_guide(args.guide, run_folder(reader), cfg, model, device, from_config=not given_guide)
+    return SamplingRun(model, cfg, objective, sampler, options, device, reader=reader, guide=guide,
+                       guide_reader=guide_reader, args=args)
 
 
 def load_vae(args, run: SamplingRun) -> None:
@@ -226,17 +272,17 @@ def run(args) -> int:
     load_vae(args, sampling)
     grid = bool(args.out or not args.npz)
     batches = (len(rank_chunks(args.num_samples, args.batch_size)) if args.npz else 0) + int(grid)
-    compiled = resolve_sample_compile(args.compile, model, batches, args.steps, device)
+    compiled = resolve_sample_compile(args.compile, model, batches, sampling.args.steps, device)
     if args.npz:
-        write_fid_batch(fid_settings(args), reader, sampling, compiled, classes=labels)
+        write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling, compiled, classes=labels)
     if grid:
         if labels is None:
             labels = IMAGENET_DEMO_LABELS if num_classes == 1000 else default_classes(num_classes)
         per_class = args.per_class
         grid_labels = [c for c in labels for _ in range(per_class)]
-        samples = sample_latents(model, sampling.objective, grid_labels, cfg_scale=args.cfg_scale, sampler=sampling.sampler,
-                                 steps=args.steps, seed=args.seed, device=device, cfg_channels=args.cfg_channels,
-                                 progress=not args.no_progress, compile=compiled, **sampling.options)
+        samples = sample_latents(model, sampling.objective, grid_labels, sampler=sampling.sampler, steps=sampling.args.steps,
+                                 seed=args.seed, device=device, progress=not args.no_progress, compile=compiled,
+                                 **sampling.guidance(), **sampling.options)
         nrow = args.nrow or (per_class if per_class > 1 else min(len(grid_labels), 8))
         path = save_grid(to_images(samples, *sampling.decoder), args.out or "samples.png", nrow=nrow)
         print(f"wrote {len(grid_labels)} samples to {path}")

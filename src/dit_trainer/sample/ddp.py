@@ -103,6 +103,6 @@ def run(args) -> int:
     load_vae(args, sampling)
     # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
     share = rank_chunks(args.num_samples, args.batch_size, ranks.rank, ranks.world)
-    compiled = resolve_sample_compile(args.compile, sampling.model, len(share), args.steps, device)
-    write_fid_batch(fid_settings(args), reader, sampling, compiled, ranks)
+    compiled = resolve_sample_compile(args.compile, sampling.model, len(share), sampling.args.steps, device)
+    write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling, compiled, ranks)
     return 0

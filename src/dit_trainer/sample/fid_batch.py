@@ -44,6 +44,8 @@ class FidBatchSettings:
     steps: Optional[int] = None
     cfg_scale: float = 1.5
     cfg_channels: Optional[int] = None
+    guide_scale: float = 1.0  # autoguidance weight (the guide model comes with the SamplingRun)
+    guidance_interval: Optional[tuple] = None  # (sigma_lo, sigma_hi]: guide only there
     dtype: str = "fp32"  # network precision: fp32 or bf16
     weights: str = "ema"
     vae: Optional[str] = None
@@ -124,12 +126,25 @@ def _settings(job: FidBatchSettings, reader, run, classes) -> dict:
                 "vae": _same_path(job.vae), "vae_dtype": job.vae_dtype,
                 "objective": run.objective.name, "sampler": run.sampler,
                 "steps": job.steps, "cfg_scale": job.cfg_scale, "cfg_channels": job.cfg_channels,
+                **_guidance_settings(job, run),
                 "dtype": job.dtype, "seed": job.seed, "num_samples": job.num_samples,
                 "batch_size": job.batch_size,
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in run.options.items()}}
     if classes is not None:  # only when chosen, so records of all classes read as before
         settings["classes"] = [int(c) for c in classes]
     return settings
+
+
+def _guidance_settings(job: FidBatchSettings, run) -> dict:
+    """Autoguidance and the guidance interval, recorded only where used (older records read as before)."""
+    out = {}
+    guide_reader = getattr(run, "guide_reader", None)
+    if guide_reader is not None:
+        out.update(guide=str(guide_reader.path), guide_manifest=guide_reader.manifest_digest(),
+                   guide_scale=job.guide_scale)
+    if job.guidance_interval is not None:
+        out["guidance_interval"] = [float(v) for v in job.guidance_interval]
+    return out
 
 
 def recorded_settings(path: Path):
@@ -277,7 +292,9 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
         with amp:
             latents = sample_latents(run.model, run.objective, y, cfg_scale=job.cfg_scale, sampler=run.sampler,
                                      steps=job.steps, seed=chunk_seed(job.seed, c), device=device,
-                                     cfg_channels=job.cfg_channels, compile=compiled, **run.options)
+                                     cfg_channels=job.cfg_channels, compile=compiled, guide=run.guide,
+                                     guide_scale=job.guide_scale, guidance_interval=job.guidance_interval,
+                                     **run.options)
         images = adm_images(to_images(latents.float(), *run.decoder))
         _save_chunk(parts / CHUNK_FMT.format(c), images, y)
         done += len(y)

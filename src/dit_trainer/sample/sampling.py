@@ -45,43 +45,47 @@ def as_objective(objective_or_cfg, model):
     return build_objective(cfg)
 
 
-def guided_model_fn(model, y, cfg_scale=4.0, cfg_channels=None, interval=None, objective=None):
-    """(model_fn, model_kwargs, doubled): the model with classifier-free guidance on a doubled batch.
+def guided_model_fn(model, y, guidance, objective=None, counter=None):
+    """(model_fn, model_kwargs, doubled): the model guided as `guidance` (a `sample.guidance.Guidance`) says.
 
-    With guidance the batch holds the labels then as many null labels; `doubled` says so. The guided
-    function is the objective's (`Objective.guided_model_fn`); `interval=(lo, hi)` guides only for
-    normalised times lo <= t <= hi (0 noise, 1 data) and needs `objective`.
-    """
-    from dit_trainer.objective import Objective
+    With classifier-free guidance the batch holds the labels then as many null labels; `doubled` says so.
+    A guidance interval needs `objective` (its noise levels); `counter` (a dict) counts network evaluations."""
+    from dit_trainer.sample.guidance import guided_model_fn as guided
 
     y = torch.as_tensor(y)
-    if float(cfg_scale) == 1.0:
-        return model, {"y": y}, False
-    if not has_null_class(model):
-        raise ConfigError("this model was trained without label dropout, so it has no null class; use --cfg-scale 1")
-    doubled_y = torch.cat([y, torch.full_like(y, model.num_classes)])
-    if interval is not None and objective is None:
-        raise ConfigError("a guidance interval needs the objective whose time it is in; pass objective=")
-    fn = (objective or Objective()).guided_model_fn(model, cfg_scale, cfg_channels, interval)
-    return fn, {"y": doubled_y}, True
+    if guidance.doubled and not has_null_class(model):
+        raise ConfigError("this model was trained without label dropout, so it has no null class; use --cfg-scale 1 "
+                          "(autoguidance, --guide, needs none)")
+    fn = guided(model, guidance, objective, counter)
+    if not guidance.doubled:
+        return fn, {"y": y}, False
+    return fn, {"y": torch.cat([y, torch.full_like(y, model.num_classes)])}, True
 
 
 @torch.no_grad()
 def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None, steps=50, seed=0,
-                   device="cpu", cfg_channels=None, progress=False, compile=False, **options):
+                   device="cpu", cfg_channels=None, progress=False, compile=False, guide=None, guide_scale=1.0,
+                   guidance_interval=None, counter=None, **options):
     """Samples in the model's space (latents, or pixels) for `labels`: float N×C×H×W.
 
     `objective_or_cfg` is an `Objective` or a config to build one from; `sampler` defaults to the
-    objective's (DDIM for diffusion). `options` go to the objective's sampler (`clip_denoised`
+    objective's (DDIM for diffusion). Guidance (`sample.guidance`): `cfg_scale` classifier-free,
+    `guide` (a model of the same latent shape, classes and objective) with `guide_scale` autoguidance,
+    `guidance_interval=(sigma_lo, sigma_hi)` the noise levels to guide in; `counter` (a dict) gets the
+    network evaluations per sample ("nfe"). `options` go to the objective's sampler (`clip_denoised`
     for diffusion, solver settings for transport). `compile` compiles the model's forward in place
     first (once per model; see `dit_trainer.sample.compile`).
     """
+    from dit_trainer.sample.guidance import Guidance, check_interval
+
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
     if compile:
         from dit_trainer.sample.compile import compile_model
 
         compile_model(model)
+        if isinstance(guide, torch.nn.Module):
+            compile_model(guide)
     y = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
     if len(y) == 0:
         raise ConfigError("no class labels to sample; pass --class-labels or --class-names")
@@ -91,12 +95,16 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     generator = torch.Generator().manual_seed(int(seed))  # CPU: the same images on every device
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    interval = objective.guidance_interval(options.pop("guidance_interval", None))
-    fn, kwargs, doubled = guided_model_fn(model, y.to(device), cfg_scale, cfg_channels, interval, objective)
+    guidance = Guidance(float(cfg_scale), guide, float(guide_scale),
+                        check_interval(guidance_interval, "guidance_interval"), cfg_channels)
+    fn, kwargs, doubled = guided_model_fn(model, y.to(device), guidance, objective, counter)
     if doubled:
         z = torch.cat([z, z])
     was_training = model.training
     model.eval()  # in train mode the label embedder would drop labels at random
+    guide_was_training = bool(getattr(guide, "training", False))
+    if guide_was_training:
+        guide.eval()
     try:
         # The diffusion loops draw their per-step noise from the global RNG: a seeded fork gives them
         # a stream of their own and hands the caller's (the trainer's resumable RNG state) back untouched.
@@ -104,6 +112,8 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
             out = objective.sample(fn, z, sampler=sampler, steps=steps, model_kwargs=kwargs, progress=progress, **options)
     finally:
         model.train(was_training)
+        if guide_was_training:
+            guide.train()
     return out[:n].float()
 
 

@@ -130,7 +130,24 @@ class TrainingFID:
               f"{time.perf_counter() - t0:.0f} s, cached in {cached}", flush=True)
         return stats
 
-    def _features(self, model, objective):
+    def guide(self, model):
+        """The autoguidance guide of `eval.guide` (loaded once, checked against `model`), None without one, or
+        "missing" while a step of this run that it names is not saved yet."""
+        ev = self.cfg.eval
+        if ev.guide is None:
+            return None
+        if getattr(self, "_guide", None) is None:
+            from pathlib import Path
+
+            from dit_trainer.sample.run_settings import guide_path, load_guide
+
+            run = Path(self.cfg.output_dir)
+            if not guide_path(ev.guide, run, from_config=True).exists() and str(ev.guide).isdigit():
+                return "missing"
+            self._guide = load_guide(ev.guide, run, self.cfg, model, self.device, from_config=True, key="eval.guide")[0]
+        return self._guide
+
+    def _features(self, model, objective, guide=None):
         """Features of this rank's chunks of the measurement's samples (None for a rank with none)."""
         from dit_trainer.evaluate.features import Features, iter_features
         from dit_trainer.sample import load_decoder, sample_latents, to_images, to_uint8
@@ -147,7 +164,9 @@ class TrainingFID:
                 y = labels[c * ev.sample_batch_size:(c + 1) * ev.sample_batch_size]
                 with amp:
                     latents = sample_latents(model, objective, y, cfg_scale=ev.cfg_scale, steps=ev.sample_steps,
-                                             seed=chunk_seed(cfg.train.seed, c), device=self.device)
+                                             seed=chunk_seed(cfg.train.seed, c), device=self.device, guide=guide,
+                                             guide_scale=ev.guide_scale or 1.0,
+                                             guidance_interval=ev.guidance_interval)
                 x = to_uint8(to_images(latents.float(), *decoder))
                 yield np.repeat(x, 3, axis=3) if x.shape[3] == 1 else x
 
@@ -166,7 +185,14 @@ class TrainingFID:
         from dit_trainer.evaluate.stats import gaussian_stats
 
         t0 = time.perf_counter()
-        mine = self._features(model, objective) if model is not None else None
+        guide = self.guide(model) if model is not None else None
+        missing = from_main(guide == "missing" if self.dims.is_main else None)
+        if missing:
+            if self.dims.is_main:
+                print(f"step {step:7d}  FID skipped: eval.guide {self.cfg.eval.guide} is a later step of this run "
+                      f"(it is measured once that checkpoint is saved)", flush=True)
+            return None
+        mine = self._features(model, objective, guide) if model is not None else None
         if dist.is_initialized():
             gathered = [None] * dist.get_world_size() if self.dims.is_main else None
             dist.gather_object(mine, gathered, dst=0)

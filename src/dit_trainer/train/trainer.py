@@ -100,7 +100,7 @@ class DiTTrainer:
         d = self.dims
         self.checkpointer = Checkpointer(cfg.output_dir, self.model_parts, self.optimizer, self.ema, d, self.device,
                                          sharded=bool(cfg.checkpoint.sharded or d.fsdp_enabled or d.tp_enabled or d.pp_enabled),
-                                         keep=cfg.checkpoint.save_total_limit)
+                                         keep=cfg.checkpoint.save_total_limit, keep_steps=cfg.checkpoint.keep_steps)
         self.update = GuardedUpdate(self.optimizer, self.lr_scheduler, self.scaler, self.ema, self._clip_grads, d,
                                     self.device, cfg.optim, cfg.train, self._kept_checkpoint)
         # Draws come from a CPU generator on every device: a CUDA generator's draw of the timestep
@@ -367,7 +367,8 @@ class DiTTrainer:
                 if values:
                     logger.log(self.step, values)
                     last = {**last, **values}
-            if self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps or self.stop_requested:
+            if (self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps or self.stop_requested
+                    or self.step in cfg.checkpoint.keep_steps):
                 self.save_checkpoint()
             if self.stop_requested:
                 if main:

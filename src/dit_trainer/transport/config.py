@@ -34,4 +34,3 @@ class TransportConfig:
     sde_diffusion_norm: float = 1.0  # scale of the SDE diffusion coefficient
     sde_last_step: Optional[str] = "Mean"  # Mean | Tweedie | Euler | None
     sde_last_step_size: float = 0.04  # size of the SDE last step
-    guidance_interval: Optional[list] = None  # [lo, hi] in t (0 noise, 1 data); None guides every step

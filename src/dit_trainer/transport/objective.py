@@ -105,13 +105,11 @@ class TransportObjective(Objective):
         """The ODE solver's settings for ode; the SDE integrator's and its generator for sde."""
         return {"ode": _ODE_OPTIONS, "sde": _SDE_OPTIONS}[self.check_sampler(sampler)]
 
-    def normalised_time(self, t):
-        """The transport's own t: 0 noise, 1 data."""
-        return t
-
-    def configured_guidance_interval(self):
-        """The `transport:` section's `guidance_interval` (None: guide every step)."""
-        return self.sampling.guidance_interval
+    def noise_level(self, t):
+        """σ = σ_t / α_t of the path at time t (x_t / α_t = x + σ·noise): infinite at t = 0 (noise), 0 at t = 1."""
+        t = torch.as_tensor(t, dtype=torch.float64)
+        alpha, sigma = self.transport.path.alpha(t)[0], self.transport.path.sigma(t)[0]
+        return torch.as_tensor(sigma, dtype=torch.float64) / torch.as_tensor(alpha, dtype=torch.float64)
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """The sample (x at t = 1) from noise z by the probability-flow ODE or the SDE.

@@ -8,6 +8,7 @@ import torch
 
 from dit_trainer.models import SiT_models, get_spec
 from dit_trainer.models.dit import DiT
+from dit_trainer.sample.guidance import Guidance, guided_model_fn
 from dit_trainer.transport.objective import TransportObjective
 from dit_trainer.transport import create_transport
 
@@ -58,7 +59,7 @@ def test_forward_with_cfg_guides_three_channels_by_default_or_all():
         guided = uncond + 4.0 * (cond - uncond)
         release = sit.forward_with_cfg(x2, t, y, 4.0)
         every = sit.forward_with_cfg(x2, t, y, 4.0, cfg_channels=None)
-        helper = TransportObjective(create_transport()).guided_model_fn(sit, 4.0, cfg_channels=4)(x2, t, y)
+        helper = guided_model_fn(sit, Guidance(4.0, cfg_channels=4), TransportObjective(create_transport()))(x2, t, y)
     assert torch.allclose(release[:2, :3], guided[:, :3], atol=1e-5)
     assert torch.allclose(release[:2, 3:], cond[:, 3:], atol=1e-6)
     assert torch.allclose(every[:2], guided, atol=1e-5) and torch.equal(helper, every)
@@ -68,7 +69,8 @@ def test_guidance_interval_skips_the_unconditional_pass_outside():
     sit = _randomised(SiT_models["SiT-S/2"](**TINY, learn_sigma=False))
     x = torch.randn(2, 4, 8, 8)
     x2, y = torch.cat([x, x]), torch.tensor([1, 2, 5, 5])
-    fn = TransportObjective(create_transport()).guided_model_fn(sit, 3.0, 4, interval=(0.2, 0.6))
+    # Linear path: sigma = (1 - t) / t, so t 0.4 is sigma 1.5 (inside (0.5, 3]) and t 0.9 is sigma 0.11 (below).
+    fn = guided_model_fn(sit, Guidance(3.0, cfg_channels=4, interval=(0.5, 3.0)), TransportObjective(create_transport()))
     with torch.no_grad():
         inside = fn(x2, torch.full((4,), 0.4), y)
         outside = fn(x2, torch.full((4,), 0.9), y)

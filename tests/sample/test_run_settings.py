@@ -1,0 +1,165 @@
+"""What sampling takes from a run: the flags first, then the run's `sample:` section, then the release
+defaults; the autoguidance guide named by a step of the run or a path, refused in one line when it
+does not fit; the guide and guidance recorded with an FID batch."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from dit_trainer import sample as S
+from dit_trainer.checkpoint import save_checkpoint
+from dit_trainer.cli import main
+from dit_trainer.config import build_config
+from dit_trainer.models import get_spec
+from dit_trainer.sample.decode import load_decoder, to_images
+from dit_trainer.sample.images import save_grid
+from dit_trainer.sample.run_settings import apply_recommended, guide_path, run_folder, step_of_folder
+
+MODEL = {"name": "DiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 10, "depth": 1, "hidden_size": 32,
+         "num_heads": 2, "learn_sigma": False}
+
+
+def _cfg(sample=None, **model):
+    return build_config({"model": {**MODEL, **model}, "data": {"path": "digits", "digits_size": 8},
+                         "sample": sample or {}})
+
+
+def _weights(cfg, seed):
+    torch.manual_seed(seed)
+    model = get_spec(cfg.model.name).build_model_fn(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+def _save(run, step, cfg, seed):
+    model = _weights(cfg, seed)
+    files = {"ema.safetensors": model.state_dict(), "model.safetensors": model.state_dict(),
+             "config.yaml": yaml.safe_dump(cfg.to_dict(), sort_keys=False)}
+    return save_checkpoint(run, step, files), model
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run with an early checkpoint (step 1, the guide) and the newest (step 2), recommending autoguidance."""
+    folder = tmp_path_factory.mktemp("guided") / "run"
+    recommended = {"cfg_scale": 1.0, "guide": "1", "guide_scale": 2.5, "guidance_interval": [0.0, ".inf"],
+                   "steps": 3, "sampler": "ddim"}
+    _, guide = _save(folder, 1, _cfg(recommended), seed=1)
+    _, main_model = _save(folder, 2, _cfg(recommended), seed=2)
+    return folder, main_model, guide
+
+
+def _grid(path):
+    return np.asarray(Image.open(path))
+
+
+def _expected(tmp_path, model, guide, name, **kw):
+    cfg = _cfg()
+    latents = S.sample_latents(model, cfg, [1, 2], sampler="ddim", steps=3, seed=0, guide=guide, **kw)
+    return _grid(save_grid(to_images(latents, *load_decoder(cfg)), tmp_path / name, nrow=8))
+
+
+def test_the_guide_is_a_step_of_the_run_and_the_run_recommends_it(run, tmp_path):
+    folder, model, guide = run
+    cli = ["sample", "--ckpt", str(folder), "--class-labels", "1", "2", "--device", "cpu", "--no-progress"]
+    assert main([*cli, "--out", str(tmp_path / "flags.png"), "--guide", "1", "--guide-scale", "2.5", "--cfg-scale",
+                 "1", "--sampler", "ddim", "--steps", "3"]) == 0
+    assert main([*cli, "--out", str(tmp_path / "recommended.png")]) == 0
+    want = _expected(tmp_path, model, guide, "want.png", cfg_scale=1.0, guide_scale=2.5)
+    assert np.array_equal(_grid(tmp_path / "flags.png"), want)
+    assert np.array_equal(_grid(tmp_path / "recommended.png"), want)
+    # --guide-scale 1 turns the recommended autoguidance off: the main model alone.
+    assert main([*cli, "--out", str(tmp_path / "off.png"), "--guide-scale", "1"]) == 0
+    assert np.array_equal(_grid(tmp_path / "off.png"), _expected(tmp_path, model, None, "plain.png", cfg_scale=1.0))
+    assert not np.array_equal(want, _grid(tmp_path / "off.png"))
+
+
+def test_recommended_settings_fill_only_what_the_flags_leave_unset():
+    from types import SimpleNamespace
+
+    def args(**given):
+        keys = ("cfg_scale", "guide", "guide_scale", "guidance_interval", "ema_std", "sampler", "steps")
+        return SimpleNamespace(**{**{k: None for k in keys}, **given})
+
+    recommending = _cfg({"cfg_scale": 1.5, "guide": "7", "guide_scale": 2.0, "steps": 12})
+    a = args(steps=40)
+    apply_recommended(a, recommending, release_cfg_scale=4.0)
+    assert (a.cfg_scale, a.guide, a.guide_scale, a.steps) == (1.5, "7", 2.0, 40)
+    b = args()
+    apply_recommended(b, _cfg(), release_cfg_scale=4.0)  # a run that recommends nothing: the release's
+    assert (b.cfg_scale, b.guide, b.guide_scale, b.steps) == (4.0, None, 1.0, None)
+    c = args(ema_std="none")
+    apply_recommended(c, _cfg({"ema_std": 0.1}), release_cfg_scale=1.5)
+    assert c.ema_std is None
+    with pytest.raises(Exception, match="^--guide needs --guide-scale"):
+        apply_recommended(args(guide="3"), _cfg(), release_cfg_scale=4.0)
+
+
+def test_guide_paths_and_run_folders(run, tmp_path):
+    folder, _, _ = run
+    assert guide_path("300", folder, from_config=True) == folder / "checkpoints" / "step-00000300"
+    assert guide_path("other/run", folder, from_config=True) == folder / "other/run"
+    assert guide_path("other/run", folder, from_config=False) == tmp_path.__class__("other/run")
+    from dit_trainer import checkpoint
+
+    reader = checkpoint.open(folder / "checkpoints" / "step-00000002")
+    assert run_folder(reader).resolve() == folder.resolve() and step_of_folder(reader.folder) == 2
+    assert step_of_folder(folder / "phema" / "std0.050-step00001200") == 1200
+
+
+@pytest.mark.parametrize("change, words", [({"num_classes": 7}, "has 7 classes but the main model 10"),
+                                            ({"input_size": 4}, "takes 1x4x4 inputs but the main model 1x8x8"),
+                                            ({"objective": "transport"}, "objective 'transport'")])
+def test_a_guide_that_does_not_fit_is_one_line(run, tmp_path, capsys, change, words):
+    folder, _, _ = run
+    objective = change.pop("objective", "diffusion")
+    cfg = build_config({"objective": objective, "model": {**MODEL, **change}, "data": {"path": "digits", "digits_size": 8}})
+    other, _ = _save(tmp_path / "other", 5, cfg, seed=3)
+    code = main(["sample", "--ckpt", str(folder), "--class-labels", "1", "--guide", str(other), "--guide-scale", "2",
+                 "--device", "cpu", "--no-progress", "--out", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and words in err and "\n" not in err and err.startswith("dit sample: error: --guide ")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_a_missing_guide_step_names_keep_steps(run, tmp_path, capsys):
+    folder, _, _ = run
+    code = main(["sample", "--ckpt", str(folder), "--class-labels", "1", "--guide", "9", "--guide-scale", "2",
+                 "--device", "cpu", "--no-progress", "--out", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "step-00000009 does not exist" in err and "checkpoint.keep_steps" in err
+
+
+def test_an_fid_batch_records_its_guide_and_refuses_to_resume_another(run, tmp_path, capsys):
+    folder, _, _ = run
+    npz = tmp_path / "s.npz"
+    flags = ["--ckpt", str(folder), "--npz", str(npz), "--num-samples", "4", "--batch-size", "2", "--device", "cpu",
+             "--no-progress"]
+    assert main(["sample-ddp", *flags]) == 0
+    with np.load(npz) as f:
+        import json
+
+        settings = json.loads(str(f["settings"]))
+    assert settings["guide"].endswith("step-00000001") and settings["guide_scale"] == 2.5
+    assert settings["guidance_interval"] == [0.0, math.inf] and settings["cfg_scale"] == 1.0
+    assert main(["sample-ddp", *flags, "--guide-scale", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "guide_scale 2.5 then, 3.0 now" in err
+
+
+def test_keep_steps_survive_rotation(tmp_path):
+    cfg = _cfg()
+    for step in (1, 2, 3, 4):
+        model = _weights(cfg, step)
+        save_checkpoint(tmp_path / "run", step, {"ema.safetensors": model.state_dict(),
+                                                  "config.yaml": yaml.safe_dump(cfg.to_dict())},
+                        keep=2, keep_steps=(1,))
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["step-00000001", "step-00000003", "step-00000004"]
