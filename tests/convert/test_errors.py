@@ -166,3 +166,24 @@ def test_block_options_refuse_mindspore(tmp_path):
     cfg = build_config({"output_dir": str(tmp_path), "backend": "mindspore", "model": {"name": "DiT-S/2", "rope": True}})
     with pytest.raises(ConfigError, match="DiT-S/2 uses model.rope true, but backend mindspore has only .*backend torch"):
         mindspore_config(cfg)
+
+
+def test_a_run_sampled_with_autoguidance_is_not_exported_without_its_guide_silently(ours_dir, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    from dit_trainer.cli import main
+
+    src = tmp_path / "run"
+    shutil.copytree(ours_dir, src)
+    config = yaml.safe_load((src / "config.yaml").read_text())
+    config["sample"] = {"guide": "300", "guide_scale": 2.0}
+    (src / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["convert", "--from", "ours", str(src), "--to", "diffusers", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "samples with autoguidance (sample.guide 300)" in err and "--without-guide" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
+    assert main(["convert", "--from", "ours", str(src), "--to", "diffusers", str(tmp_path / "out"),
+                 "--without-guide"]) == 0
+    assert (tmp_path / "out" / "model_index.json").is_file()

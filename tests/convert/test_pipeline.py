@@ -47,3 +47,31 @@ def test_pipeline_on_diffusers_folder_gives_diffusers_images(ours_dir_1k, tmp_pa
     mine = DiTPipeline.from_pretrained(out)(class_labels=[207], num_inference_steps=10,
                                             generator=torch.Generator().manual_seed(0), output_type="np")
     assert np.abs(mine - theirs).max() < 1e-3
+
+
+def _guide_folder(root, num_classes, vae_dir, seed):
+    from dit_trainer.convert import Bundle, write
+    from dit_trainer.convert.model_config import build_dit
+    from tests.convert.convert_helpers import TINY, randomize
+
+    cfg = {**TINY, "num_classes": num_classes}
+    model = randomize(build_dit(cfg), seed=seed).eval()
+    return write("ours", Bundle(state_dict=model.state_dict(), model=cfg, vae=vae_dir, scaling_factor=0.5), root / "g")
+
+
+def test_autoguidance_with_a_guide_folder(pipe, vae_dir, tmp_path):
+    guide = _guide_folder(tmp_path, 1000, vae_dir, seed=11)
+    kw = dict(class_labels=[3, 7], num_inference_steps=3, guidance_scale=1.0, seed=2, output_type="np")
+    plain = pipe(**kw)
+    assert np.array_equal(pipe(**kw, guide=guide, guide_scale=1.0), plain)  # w = 1: the main model alone
+    guided = pipe(**kw, guide=DiTPipeline.from_pretrained(guide), guide_scale=2.0)
+    assert guided.shape == plain.shape and not np.allclose(guided, plain)
+    assert np.array_equal(pipe(**kw, guide=guide, guide_scale=2.0), guided)
+
+
+def test_a_guide_of_other_classes_is_refused_in_one_line(pipe, vae_dir, tmp_path):
+    from dit_trainer.errors import ConfigError
+
+    other = _guide_folder(tmp_path, 10, vae_dir, seed=12)
+    with pytest.raises(ConfigError, match=r"^guide has 10 classes but the main model 1000; a guide must be trained on"):
+        pipe(class_labels=[3], num_inference_steps=2, guide=other, guide_scale=2.0)

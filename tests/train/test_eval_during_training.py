@@ -109,3 +109,23 @@ def test_two_ranks_measure_what_one_process_measures(tmp_path):
         assert [r["step"] for r in two] == [2], layout
         assert two[0]["fid"] == pytest.approx(one[0]["fid"], rel=1e-4), layout
         assert two[0]["inception_score"] == pytest.approx(one[0]["inception_score"], rel=1e-4), layout
+
+
+def test_autoguidance_during_training_waits_for_its_guide_step(tmp_path, capsys):
+    # The guide is step 2 of this run (kept by keep_steps): the measurement at step 2 comes before its save,
+    # so it is skipped in one line; step 4 is measured with autoguidance, and differs from an unguided one.
+    out = tmp_path / "run"
+    cfg = _digits_config(out, 4, guide="2", guide_scale=3.0)
+    cfg["checkpoint"].update(save_steps=4, save_total_limit=1, keep_steps=[2])
+    DiTTrainer(build_config(cfg)).train()
+    assert "FID skipped: eval.guide 2 is a later step of this run" in capsys.readouterr().out
+    assert [r["step"] for r in _fid_records(out)] == [4]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+    guided = _fid_records(out)[0]["fid"]
+    plain_cfg = build_config(_digits_config(tmp_path / "plain", 4))
+    trainer = DiTTrainer(build_config(cfg))  # resumes the finished run: the same EMA weights
+    trainer.maybe_resume()
+    from dit_trainer.train.eval_during_training import TrainingFID
+
+    plain = TrainingFID(plain_cfg, trainer.device, trainer.dims).measure(trainer.ema_model(), trainer.objective, 4)
+    assert np.isfinite(guided) and plain["fid"] != guided

@@ -79,7 +79,8 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     """All five metrics of a samples .npz against a reference; returns a dict of plain values.
 
     IS over parts of `is_split_size` samples as the ADM evaluator, or `is_splits` equal parts as
-    torch-fidelity; precision/recall distances in `pr_dtype` (fp16: ADM's; fp32)."""
+    torch-fidelity; precision/recall distances in `pr_dtype` (fp16: ADM's; fp32). `ref` may be a
+    `ReferenceStats` already fitted (with `reference`), so that several sample sets share one."""
     device = device or default_device()
     if str(ref) == DIGITS_REF and (network if isinstance(network, str) else network.name) != "digits":
         # Before loading the network: the Inception one would first ask for its weight file.
@@ -96,7 +97,7 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     net = load_network(network, weights, device, progress) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     t0 = time.perf_counter()
-    ref_stats = reference(ref, net, batch_size, dtype, device, progress)
+    ref_stats = ref if isinstance(ref, ReferenceStats) else reference(ref, net, batch_size, dtype, device, progress)
     feats = measure_npz(samples, net, batch_size, dtype, device, progress, desc=f"samples {Path(samples).name}")
     sam = ReferenceStats.from_features(feats, network=net.name)
     is_mean, is_std = inception_score(feats.logits, is_splits, is_split_size)
@@ -114,7 +115,8 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     result.update({
         "num_samples": len(feats),
         "num_reference_features": None if ref_stats.features is None else len(ref_stats.features),
-        "network": net.name, "dtype": dtype, "samples": str(samples), "ref": str(ref),
+        "network": net.name, "dtype": dtype, "samples": str(samples),
+        "ref": None if isinstance(ref, ReferenceStats) else str(ref),  # a fitted one: its caller names it
         "is_splits": is_splits, "is_split_size": None if is_splits else is_split_size, "pr_dtype": pr_dtype,
         "seconds": round(time.perf_counter() - t0, 1),
     })

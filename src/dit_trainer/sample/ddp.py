@@ -7,6 +7,8 @@ The chunks, their seeds and labels, resuming and the assembled .npz are `fid_bat
 
 import os
 
+from dit_trainer.errors import ConfigError
+
 # Registering the command must not import torch (`dit --help` stays fast): `run` imports it.
 
 
@@ -26,6 +28,18 @@ def add_commands(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="samples per chunk (one forward batch per rank)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="network precision while sampling")
     add_sampling_arguments(p, cfg_scale=1.5)
+    m = p.add_argument_group("guidance sweep: several settings, each measured (FID, sFID, IS, precision, recall)")
+    m.add_argument("--guidance", nargs="+", default=None, metavar="SPEC",
+                   help="one batch per SPEC, written beside --npz with the SPEC in its name: comma-separated "
+                        "key=value over cfg, guide, w, interval (LO:HI), ema, steps, e.g. cfg=1.5 "
+                        "guide=300,w=2 cfg=2,interval=0.3:5; unset keys come from the flags and the run")
+    m.add_argument("--ref", default=None, help="measure each batch against this reference (.npz, or 'digits' "
+                                               "with --network digits) and print one table")
+    m.add_argument("--network", choices=("inception", "digits"), default="inception", help="feature network")
+    m.add_argument("--inception-weights", default=None, help="Inception weight file (default: fetched once)")
+    m.add_argument("--eval-batch-size", type=int, default=None, help="images per feature batch")
+    m.add_argument("--pr-dtype", choices=("fp16", "fp32"), default="fp16", help="precision/recall distances")
+    m.add_argument("--json", default=None, metavar="OUT", help="also write the table's rows as JSON here")
     p.set_defaults(func=run)
 
 
@@ -86,6 +100,9 @@ def run(args) -> int:
     from dit_trainer.sample.fid_batch import rank_chunks, write_fid_batch
 
     check_args(args)
+    if args.guidance is not None and args.ref is None:
+        raise ConfigError("--guidance samples several settings to compare: add --ref REF (and --network) to measure "
+                          "them")
     ranks = _dist()
     device = resolve_device(args.device, "--device")
     if device.type == "cuda":
@@ -100,9 +117,21 @@ def run(args) -> int:
         # Rotation removed the checkpoint between two ranks' reads: all take rank 0's (one model per batch).
         reader = checkpoint.open(agreed, flag="--ckpt")
         sampling = prepare_sampling(args, reader, device, ranks.rank)
-    load_vae(args, sampling)
-    # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
-    share = rank_chunks(args.num_samples, args.batch_size, ranks.rank, ranks.world)
-    compiled = resolve_sample_compile(args.compile, sampling.model, len(share), sampling.args.steps, device)
-    write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling, compiled, ranks)
+
+    def sample_batch(flags, reader, sampling=None):
+        sampling = sampling or prepare_sampling(flags, reader, device, ranks.rank)
+        load_vae(flags, sampling)
+        # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
+        share = rank_chunks(flags.num_samples, flags.batch_size, ranks.rank, ranks.world)
+        compiled = resolve_sample_compile(flags.compile, sampling.model, len(share), sampling.args.steps, device)
+        return sampling, write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling, compiled, ranks)
+
+    if args.guidance is None and args.ref is None:
+        sample_batch(args, reader, sampling)
+        return 0
+    from dit_trainer.sample.sweep import run_sweep, table
+
+    rows = run_sweep(args, reader, device, ranks, sample_batch)
+    if rows:
+        print(table(rows))
     return 0

@@ -111,10 +111,10 @@ def check_resume(parts: Path, old: dict, settings: dict, ckpt_arg):
     return None
 
 
-def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
+def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray, nfe: float) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        np.savez(f, images=images, labels=labels)
+        np.savez(f, images=images, labels=labels, nfe=np.float64(nfe))
     os.replace(tmp, path)
 
 
@@ -289,14 +289,15 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
     done, t0 = 0, time.perf_counter()
     for c in bar:
         y = labels[c * job.batch_size:(c + 1) * job.batch_size]
+        counter = {}
         with amp:
             latents = sample_latents(run.model, run.objective, y, cfg_scale=job.cfg_scale, sampler=run.sampler,
                                      steps=job.steps, seed=chunk_seed(job.seed, c), device=device,
                                      cfg_channels=job.cfg_channels, compile=compiled, guide=run.guide,
                                      guide_scale=job.guide_scale, guidance_interval=job.guidance_interval,
-                                     **run.options)
+                                     counter=counter, **run.options)
         images = adm_images(to_images(latents.float(), *run.decoder))
-        _save_chunk(parts / CHUNK_FMT.format(c), images, y)
+        _save_chunk(parts / CHUNK_FMT.format(c), images, y, counter.get("nfe", 0))
         done += len(y)
         bar.set_postfix(img_per_s=f"{done * ranks.world / (time.perf_counter() - t0):.2f}")
 
@@ -305,13 +306,17 @@ def _assemble(job: FidBatchSettings, parts: Path, out: Path, settings: dict) -> 
     """Join the chunks into the .npz and its preview, then drop the chunks."""
     from dit_trainer.sample.images import from_adm_images, save_grid, save_npz
 
-    images, y_all = [], []
+    images, y_all, nfe = [], [], []
     for c in rank_chunks(job.num_samples, job.batch_size):
         with np.load(parts / CHUNK_FMT.format(c)) as f:
             images.append(f["images"])
             y_all.append(f["labels"])
+            if "nfe" in f.files:  # chunks of an older version count none
+                nfe.append(float(f["nfe"]) * len(f["labels"]))
     arr = np.concatenate(images)
-    save_npz(out, arr, np.concatenate(y_all), settings=settings)
+    # Network evaluations per sample (cond, null-label and guide passes each count one): what sampling cost.
+    extra = {"nfe": np.float64(sum(nfe) / len(arr))} if len(nfe) == len(images) else None
+    save_npz(out, arr, np.concatenate(y_all), settings=settings, extra=extra)
     save_grid(from_adm_images(arr[:64]), out.with_suffix(".png"), nrow=8)
     # The chunks only serve resuming an interrupted run; the .npz now holds them all.
     shutil.rmtree(parts)

@@ -56,15 +56,15 @@ def save_grid(images, path, nrow=8, padding=2):
     return path
 
 
-def save_npz(path, images, labels, settings=None):
-    """Write arr_0 (`adm_images(images)`), arr_1 (labels) and, if given, `settings` (as a JSON string) to
-    `path` atomically; returns the path."""
+def save_npz(path, images, labels, settings=None, extra=None):
+    """Write arr_0 (`adm_images(images)`), arr_1 (labels), if given `settings` (as a JSON string) and the
+    arrays of `extra`, to `path` atomically; returns the path."""
     import json
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    extra = {"settings": np.array(json.dumps(settings))} if settings is not None else {}
+    extra = {**({"settings": np.array(json.dumps(settings))} if settings is not None else {}), **(extra or {})}
     with open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz" to the name
         np.savez(f, arr_0=adm_images(images), arr_1=np.asarray(labels).astype(np.int64), **extra)
     os.replace(tmp, path)

@@ -127,9 +127,10 @@ def check_guide_fits(guide_cfg, guide_model, cfg, model, named: str) -> None:
         k = differ[0]
         raise ConfigError(f"{named} was trained with {k} {theirs.get(k)!r} but the main model with {mine[k]!r}; a "
                           f"guide must share the main model's objective")
-    if str(guide_cfg.data.vae or "") != str(cfg.data.vae or ""):
-        raise ConfigError(f"{named} works in the latents of VAE {guide_cfg.data.vae!r} but the main model in those of "
-                          f"{cfg.data.vae!r}; a guide must share the latent space")
+    # The VAE itself is not compared: converted and copied folders carry their own copy of the same one.
+    if guide_cfg.data.scaling_factor != cfg.data.scaling_factor:
+        raise ConfigError(f"{named} sees latents scaled by {guide_cfg.data.scaling_factor} but the main model by "
+                          f"{cfg.data.scaling_factor}; a guide must share the latent space")
 
 
 def load_guide(spec, run, cfg, model, device, from_config: bool = False, key: str = "sample.guide"):

@@ -1,0 +1,124 @@
+"""`dit sample-ddp --guidance SPEC ... --ref REF`: one checkpoint sampled under several guidance
+settings, each batch measured against one set of reference statistics, reported in one table.
+
+A SPEC is comma-separated `key=value` pairs over the sampling flags: `cfg` (classifier-free weight),
+`guide` (autoguidance's guide checkpoint: a step of the run or a path), `w` (autoguidance weight),
+`interval` (`LO:HI` noise levels sigma, `inf` allowed), `ema` (a post-hoc EMA sigma_rel, or `none`),
+`steps`. What a SPEC leaves out comes from the command's flags, then the run's `sample:` section.
+Each batch is the one FID-batch writer's (every rank samples; resumable; a finished batch of the same
+settings is reused), written beside `--npz` with the SPEC in its name.
+"""
+
+import copy
+import json
+import math
+import re
+from pathlib import Path
+
+from dit_trainer.errors import ConfigError
+
+# SPEC key -> (flag dest, parser)
+_KEYS = {
+    "cfg": ("cfg_scale", float),
+    "guide": ("guide", str),
+    "w": ("guide_scale", float),
+    "interval": ("guidance_interval", lambda v: [float(x) for x in v.split(":")]),
+    "ema": ("ema_std", str),
+    "steps": ("steps", int),
+}
+METRICS = ("fid", "sfid", "inception_score", "precision", "recall")
+
+
+def parse_spec(text: str) -> dict:
+    """The flag values a SPEC sets (`cfg=1.5,guide=300,w=2`); a one-line error naming the SPEC otherwise."""
+    out = {}
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in _KEYS:
+            raise ConfigError(f"--guidance {text!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(_KEYS)}")
+        dest, parse = _KEYS[key]
+        try:
+            out[dest] = parse(value)
+        except ValueError:
+            raise ConfigError(f"--guidance {text!r}: {key}={value!r} is not a valid value") from None
+    if "guidance_interval" in out and len(out["guidance_interval"]) != 2:
+        raise ConfigError(f"--guidance {text!r}: interval must be LO:HI, e.g. 0.3:5 or 0.3:inf")
+    return out
+
+
+def batch_path(npz, text: str) -> Path:
+    """Where a SPEC's batch goes: beside `npz`, the SPEC in its name."""
+    npz = Path(npz)
+    name = re.sub(r"[^A-Za-z0-9.=_-]+", "_", text).strip("_") or "recommended"
+    return npz.with_name(f"{npz.stem}-{name}{npz.suffix}")
+
+
+def describe(args) -> str:
+    """The guidance a resolved set of flags samples with, in a SPEC's words."""
+    parts = [f"cfg={args.cfg_scale:g}"]
+    if args.guide is not None:
+        parts += [f"guide={args.guide}", f"w={args.guide_scale:g}"]
+    if args.guidance_interval is not None:
+        lo, hi = args.guidance_interval
+        parts.append(f"interval={lo:g}:{'inf' if math.isinf(hi) else f'{hi:g}'}")
+    if args.ema_std is not None:
+        parts.append(f"ema={args.ema_std:g}")
+    return ",".join(parts)
+
+
+def run_sweep(args, reader, device, ranks, sample_batch) -> list:
+    """Sample every SPEC of `args.guidance` (none: the run's recommended sampling) with `sample_batch(flags,
+    reader)` on every rank, then measure each on rank 0; one row per SPEC there (an empty list elsewhere)."""
+    import numpy as np
+
+    specs = args.guidance or [""]
+    parsed = [parse_spec(s) for s in specs]  # every SPEC checked before minutes of sampling
+    measure = _measurer(args, device) if ranks.rank == 0 else None
+    rows = []
+    for text, values in zip(specs, parsed):
+        flags = copy.copy(args)
+        for dest, value in values.items():
+            setattr(flags, dest, value)
+        flags.npz = str(batch_path(args.npz, text))
+        sampling, npz = sample_batch(flags, reader)
+        if measure is None:
+            continue
+        result = measure(npz)
+        with np.load(npz) as f:
+            nfe = float(f["nfe"]) if "nfe" in f.files else None
+        rows.append({"spec": text or "recommended", "guidance": describe(sampling.args), "nfe": nfe,
+                     "ckpt": str(sampling.reader.path), "samples": str(npz), "num_samples": result["num_samples"],
+                     **{k: result[k] for k in METRICS}})
+    if rows and args.json:
+        from dit_trainer.fs import staged_file
+
+        with staged_file(args.json) as tmp:
+            tmp.write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
+
+
+def _measurer(args, device):
+    """measure(npz) -> the five metrics, against reference statistics fitted once."""
+    from dit_trainer.evaluate.evaluator import evaluate, load_network, reference
+
+    network = load_network(args.network, args.inception_weights, device, progress=not args.no_progress)
+    batch = args.eval_batch_size or (512 if network.name == "digits" else 64)
+    stats = reference(args.ref, network, batch, device=device, progress=not args.no_progress)
+
+    def measure(npz):
+        return evaluate(npz, stats, network, batch_size=batch, device=device, progress=not args.no_progress,
+                        pr_dtype=args.pr_dtype)
+
+    return measure
+
+
+def table(rows) -> str:
+    """The sweep as a markdown table."""
+    head = ["guidance", "NFE", "FID", "sFID", "IS", "precision", "recall"]
+    fmt = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":--"] + ["--:"] * (len(head) - 1)) + "|"]
+    for r in rows:
+        cells = [r["guidance"], fmt(r["nfe"], 0), fmt(r["fid"]), fmt(r["sfid"]), fmt(r["inception_score"]),
+                 fmt(r["precision"], 3), fmt(r["recall"], 3)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
