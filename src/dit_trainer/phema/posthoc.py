@@ -105,11 +105,18 @@ def combine(snapshots, stds, target: int):
                 value = s.tensor(index[id(s)], f"{s.labels[s.stds.index(w)]}/{name}").double()
                 terms = torch.as_tensor(x[row]).reshape((-1,) + (1,) * value.dim()) * value
                 total = terms if total is None else total + terms
+            if not bool(torch.isfinite(total.sum())):
+                # A NaN or inf in any term reaches the sum (times 0 too); checked once here, not per term
+                # (isfinite of every fp16 term costs more than the sum), then the file holding it is named.
+                for s, w in stored:
+                    s.tensor(index[id(s)], f"{s.labels[s.stds.index(w)]}/{name}", check_finite=True)
+                raise CheckpointError(f"the weighted sum of the snapshots' {name} overflows in {snapshots[0].path.parent}; "
+                                      "rebuild widths closer to the tracked ones")
             for j in range(len(stds)):
                 out[j][name] = total[j].float()
         # Frozen parameters never changed: taken as stored (in their own dtype), not summed with rounding.
         for name in (n.partition("/")[2] for n in newest.names if n.startswith(FROZEN + "/")):
-            value = newest.tensor(index[id(newest)], f"{FROZEN}/{name}")
+            value = newest.tensor(index[id(newest)], f"{FROZEN}/{name}", check_finite=True)
             for j in range(len(stds)):
                 out[j][name] = value.clone()
     return out, fits, x

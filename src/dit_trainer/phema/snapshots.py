@@ -85,13 +85,13 @@ class Snapshot:
         except Exception as err:  # SafetensorError, OSError, a missing or garbled metadata entry
             raise damaged(self.path, one_line(err)) from None
 
-    def tensor(self, handle, name: str) -> torch.Tensor:
-        """Tensor `name` from an open `safe_open` handle of this file, checked finite."""
+    def tensor(self, handle, name: str, check_finite: bool = False) -> torch.Tensor:
+        """Tensor `name` from an open `safe_open` handle of this file; `check_finite`: a NaN or inf is an error."""
         try:
             value = handle.get_tensor(name)
         except Exception as err:
             raise damaged(self.path, f"{name}: {one_line(err)}") from None
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if check_finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise damaged(self.path, f"{name} holds NaN or inf")
         return value
 
