@@ -137,12 +137,16 @@ def main():
     print(table(["demo model", "time", "note"], rows))
 
     xl_traffic = 3 * 4 * xl_trained * n
+    write_rate = snaps["fp16"]["bytes"] / snaps["fp16"]["write_s"]
     cpu_xl_s = xl_traffic / (traffic / phema_s)
     print(f"\nDiT-XL/2 (arithmetic): {xl_trained:,} trained + {xl_frozen:,} frozen parameters, {n} profiles\n")
     rows = [["memory per copy of the weights (fp32; 1/N per rank under FSDP)", f"{xl_trained * 4 / 2**30:.2f} GiB",
              f"x{n} profiles: {n * xl_trained * 4 / 2**30:.2f} GiB"],
             ["snapshot on disk (fp16)", f"{snapshot_bytes(xl_trained, xl_frozen_bytes, n, 'fp16') / 2**30:.2f} GiB", ""],
             ["snapshot on disk (fp32)", f"{snapshot_bytes(xl_trained, xl_frozen_bytes, n, 'fp32') / 2**30:.2f} GiB", ""],
+            ["snapshot write (fp16), at the demo's measured write rate",
+             f"{snapshot_bytes(xl_trained, xl_frozen_bytes, n, 'fp16') / write_rate:.1f} s",
+             f"{write_rate / 2**20:.0f} MiB/s; training waits for it every train.phema_every steps"],
             ["update traffic per step", f"{xl_traffic / 1e9:.1f} GB",
              f"{xl_traffic / 3.35e12 * 1e3:.1f} ms at an H100's 3.35 TB/s; {cpu_xl_s:.2f} s at this CPU's measured rate"]]
     print(table(["DiT-XL/2", "size", "note"], rows))

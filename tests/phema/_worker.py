@@ -1,6 +1,7 @@
 """torchrun worker: the tiny DiT with post-hoc EMA under the 2-rank layouts named by --layouts."""
 
 import argparse
+import shutil
 from pathlib import Path
 
 import torch
@@ -17,11 +18,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--layouts", required=True)
+    ap.add_argument("--resume", default="", help="layout=checkpoint_dir: continue that checkpoint under layout")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
     for name in args.layouts.split(","):
         DiTTrainer(tiny_config(Path(args.out) / name, LAYOUTS_2[name], train=PHEMA), dataset=TinyLatents()).train()
+    for item in filter(None, args.resume.split(",")):
+        name, src = item.split("=")
+        run = Path(args.out) / f"resumed_{name}"
+        if dist.get_rank() == 0:
+            shutil.copytree(src, run / "checkpoints" / Path(src).name)
+        dist.barrier()
+        DiTTrainer(tiny_config(run, LAYOUTS_2[name], train=PHEMA), dataset=TinyLatents()).train()
     leave_process_group()
 
 

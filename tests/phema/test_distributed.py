@@ -1,5 +1,6 @@
 """Post-hoc EMA under FSDP, TP and PP (2 gloo ranks) tracks the profiles of one process: the snapshots
-hold the same weights (the frozen pos_embed exactly), and the 2-rank DCP checkpoint resumes on one process."""
+hold the same weights (the frozen pos_embed exactly); 2-rank DCP shards resume on one process, and one
+process's full files as two pipeline stages."""
 
 import shutil
 from pathlib import Path
@@ -22,7 +23,9 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("phema_layouts")
     with deterministic():
         train_one_process(out / "reference", train=PHEMA)
-    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS))
+    # The 1-process full files (phema.safetensors) continued as pipeline stages, each taking its own.
+    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS),
+           "--resume", f"pp_1f1b={out / 'reference' / 'checkpoints' / 'step-00000005'}")
     resumed = out / "resumed_fsdp"
     (resumed / "checkpoints").mkdir(parents=True)
     shutil.copytree(out / "fsdp" / "checkpoints" / "step-00000005", resumed / "checkpoints" / "step-00000005")
@@ -47,6 +50,7 @@ def test_profiles_under_a_layout_match_one_process(runs, layout):
     _assert_snapshots_match(runs / layout, runs / "reference", (5, 10))
 
 
-def test_two_rank_profiles_resume_on_one_process(runs):
-    assert not (runs / "resumed_fsdp" / "phema" / "snapshot-00000005.safetensors").exists()
-    _assert_snapshots_match(runs / "resumed_fsdp", runs / "reference", (10,))
+@pytest.mark.parametrize("run", ["resumed_fsdp", "resumed_pp_1f1b"])
+def test_profiles_resume_under_another_layout(runs, run):
+    assert not (runs / run / "phema" / "snapshot-00000005.safetensors").exists()
+    _assert_snapshots_match(runs / run, runs / "reference", (10,))

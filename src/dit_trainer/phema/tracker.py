@@ -51,11 +51,15 @@ class PowerEMA:
         return {label: ema.state_dict() for label, ema in self.profiles.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what `state_dict` saved (full or sharded tensors, as `ShardedEMA.load_state_dict` takes)."""
+        """Restore what `state_dict` saved (full or sharded tensors, as `ShardedEMA.load_state_dict` takes);
+        a full state holds every stage's parameters, of which a pipeline stage takes its own."""
         if set(state) != set(self.profiles):
             raise KeyError(f"post-hoc EMA profiles {sorted(state)} saved, {sorted(self.profiles)} tracked")
         for label, ema in self.profiles.items():
-            ema.load_state_dict(state[label])
+            missing = set(ema.shadow) - set(state[label])
+            if missing:
+                raise KeyError(f"post-hoc EMA profile {label} lacks {sorted(missing)[:3]}")
+            ema.load_state_dict({k: v for k, v in state[label].items() if k in ema.shadow})
 
     def snapshot_due(self, step: int, max_steps: int) -> bool:
         """Whether step `step` writes a snapshot: every `every` steps and at the run's last step."""
