@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "dit_trainer.data.cli",  # dit extract, dit data convert|verify
     "dit_trainer.evaluate.cli",  # dit eval
     "dit_trainer.convert",  # dit convert
+    "dit_trainer.phema.cli",  # dit ema
     "dit_trainer.plot",  # dit plot
 )
 

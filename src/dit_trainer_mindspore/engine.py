@@ -32,6 +32,8 @@ class MindSporeTrainer:
                               "and train.grad_accum_steps 1")
         if cfg.train.routing_keep < 1:
             raise ConfigError("train.routing_keep < 1 (token routing) is not supported with backend mindspore; set it 1")
+        if cfg.train.phema_stds:
+            raise ConfigError("train.phema_stds (post-hoc EMA) is not supported with backend mindspore; set it []")
         # bf16 (the config default) has no CPU benefit here: the engine trains in fp32.
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_seed(cfg.train.seed)

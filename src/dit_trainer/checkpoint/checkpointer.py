@@ -10,6 +10,7 @@ import functools
 import torch
 
 from dit_trainer.checkpoint import files as ckpt
+from dit_trainer.checkpoint.phema_state import PHEMA_FILE, flatten, nest
 from dit_trainer.errors import CheckpointError
 from dit_trainer.fs import tree_bytes, warn_low_space
 from dit_trainer.parallel.utils import any_rank, barrier
@@ -18,10 +19,13 @@ from dit_trainer.parallel.utils import any_rank, barrier
 class Checkpointer:
     """The model parts, optimizer and EMA of a run, saved to and loaded from `output_dir/checkpoints`."""
 
-    def __init__(self, output_dir, model_parts, optimizer, ema, dims, device, sharded: bool, keep: int, keep_steps=()):
+    def __init__(self, output_dir, model_parts, optimizer, ema, dims, device, sharded: bool, keep: int, keep_steps=(),
+                 phema=None):
         """`sharded`: write DCP shards (any sharded layout, or `checkpoint.sharded`); `keep`: how many
-        of the newest checkpoints rotation keeps (0 keeps all); `keep_steps`: steps it keeps besides."""
+        of the newest checkpoints rotation keeps (0 keeps all); `keep_steps`: steps it keeps besides;
+        `phema`: the post-hoc EMA profiles, or None."""
         self.output_dir, self.model_parts, self.optimizer, self.ema = output_dir, list(model_parts), optimizer, ema
+        self.phema = phema
         self.dims, self.device, self.sharded, self.keep = dims, device, sharded, keep
         self.keep_steps = tuple(keep_steps)
         # The kernel choice (fused, foreach) belongs to this layout's parameters, not to the writer's.
@@ -61,6 +65,8 @@ class Checkpointer:
                 "trainer_state.pt": trainer_state,
                 "config.yaml": config_text,
             }
+            if self.phema is not None:
+                files[PHEMA_FILE] = flatten(self.phema.state_dict())
             shards = writers = None  # rank 0 writes alone
         else:
             files = {"config.yaml": config_text}
@@ -79,7 +85,8 @@ class Checkpointer:
         from dit_trainer.checkpoint import sharded
 
         try:
-            sharded.save_sharded(folder / "dcp", self.model_parts, self.optimizer, self.ema, trainer_state)
+            sharded.save_sharded(folder / "dcp", self.model_parts, self.optimizer, self.ema, trainer_state,
+                                 phema=self.phema)
         except CheckpointException as err:  # a BaseException: reported as the write error it wraps
             failures = list(getattr(err, "failures", {}).values())
             cause = failures[0][0] if failures and isinstance(failures[0], tuple) else None
@@ -107,8 +114,8 @@ class Checkpointer:
             from dit_trainer.checkpoint import sharded
 
             if (path / "dcp").is_dir():
-                return sharded.load_sharded(path / "dcp", self.model_parts, self.optimizer, self.ema)
-            sharded.load_full_into_sharded(path, self.model_parts, self.optimizer, self.ema)
+                return sharded.load_sharded(path / "dcp", self.model_parts, self.optimizer, self.ema, phema=self.phema)
+            sharded.load_full_into_sharded(path, self.model_parts, self.optimizer, self.ema, phema=self.phema)
             return ckpt.load_pt(path / "trainer_state.pt")
         model_file = path / "model.safetensors"
         # A run keeps its weights, EMA and moments in one dtype: another in the file was written by
@@ -117,6 +124,11 @@ class Checkpointer:
         ema = ckpt.load_safetensors(path / "ema.safetensors")
         self._same_dtypes({k: v.dtype for k, v in self.ema.shadow.items()}, ema, path / "ema.safetensors")
         self.ema.load_state_dict(ema)
+        if self.phema is not None:
+            # Whether the checkpoint tracked these profiles at all was checked before (train/resume.py).
+            profiles = ckpt.load_safetensors(path / PHEMA_FILE)
+            self._same_dtypes({k: v.dtype for k, v in flatten(self.phema.state_dict()).items()}, profiles, path / PHEMA_FILE)
+            self.phema.load_state_dict(nest(profiles))
         optim = ckpt.load_pt(path / "optimizer.pt")
         self._check_optimizer_dtypes(optim, path / "optimizer.pt")
         self.optimizer.load_state_dict(optim)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 
+from dit_trainer.checkpoint.phema_state import PHEMA_FILE, nest
 from dit_trainer.checkpoint.pt import weights_only_refusal
 from dit_trainer.errors import CheckpointError
 from dit_trainer.parallel.tp import fused_row_layouts, fused_rows_to_full_layout, fused_rows_to_tp_layout
@@ -117,8 +118,9 @@ def _single_process_quiet():
         yield
 
 
-def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=None, async_save=False, process_group=None):
-    """Write model, optimizer, EMA and trainer state shards under `path` (a directory); all ranks call it.
+def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=None, async_save=False, process_group=None,
+                 phema=None):
+    """Write model, optimizer, EMA, post-hoc EMA profiles and trainer state shards under `path` (a directory); all ranks call it.
 
     With `async_save` the tensors are staged to CPU and written in the background; the returned
     future must be waited on before the next save.
@@ -131,6 +133,8 @@ def save_sharded(path, model_parts, optimizers=None, ema=None, trainer_state=Non
         state["optimizer"] = _relayout_all(optim_sd, fused, fused_rows_to_full_layout)
     if ema is not None:
         state["ema"] = _relayout_all(ema.state_dict(), fused, fused_rows_to_full_layout)
+    if phema is not None:
+        state["phema"] = {k: _relayout_all(sd, fused, fused_rows_to_full_layout) for k, sd in phema.state_dict().items()}
     if trainer_state is not None:
         # One pickled blob: RNG states and counters are the same on every rank (the global batch is
         # drawn identically everywhere), so DCP keeps a single copy whatever the world size.
@@ -156,8 +160,10 @@ def _safe_load(state: dict, path) -> None:
 
     # Read first, so a refused file is our one line, not torch's logged tracebacks of its fallbacks.
     recorded = read_metadata_file(Path(path) / ".metadata").state_dict_metadata
-    for section in ("model", "ema"):
-        want = {f"{section}.{k}": v.dtype for k, v in (state.get(section) or {}).items() if isinstance(v, torch.Tensor)}
+    sections = {"model": state.get("model"), "ema": state.get("ema"),
+                **{f"phema.{label}": sd for label, sd in (state.get("phema") or {}).items()}}
+    for section, tensors in sections.items():
+        want = {f"{section}.{k}": v.dtype for k, v in (tensors or {}).items() if isinstance(v, torch.Tensor)}
         saved = {k: torch.empty(0, dtype=recorded[k].properties.dtype) for k in want
                  if getattr(getattr(recorded.get(k), "properties", None), "dtype", None) is not None}
         problem = dtype_mismatch(want, saved, exact=True)
@@ -175,7 +181,7 @@ def _safe_load(state: dict, path) -> None:
         raise CheckpointError(f"cannot load sharded checkpoint {path}: {_first_cause(err)}") from None
 
 
-def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_state=True):
+def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_state=True, phema=None):
     """Load a checkpoint written by `save_sharded` under any layout into this one; returns the trainer state."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -193,6 +199,8 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
         state["optimizer"] = template(optim_sd)
     if ema is not None:
         state["ema"] = template(ema.state_dict())
+    if phema is not None:
+        state["phema"] = {label: template(sd) for label, sd in phema.state_dict().items()}
     if load_trainer_state:
         state["trainer"] = io.BytesIO()
     _safe_load(state, path)
@@ -217,6 +225,8 @@ def load_sharded(path, model_parts, optimizers=None, ema=None, load_trainer_stat
             set_model_state_dict(module, part_model, options=_options())
     if ema is not None:
         ema.load_state_dict(_relayout_all(state["ema"], fused, fused_rows_to_tp_layout))
+    if phema is not None:
+        phema.load_state_dict({label: _relayout_all(sd, fused, fused_rows_to_tp_layout) for label, sd in state["phema"].items()})
     trainer = state.get("trainer")
     if isinstance(trainer, io.BytesIO):
         # DCP fills the buffer with what save_sharded pickled: counters, RNG states, plain containers.
@@ -281,8 +291,8 @@ def _first_cause(err: BaseException) -> str:
     return text[-1] if text else type(err).__name__
 
 
-def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
-    """Resume a sharded layout from full files (`model.safetensors`, `ema.safetensors`, `optimizer.pt`).
+def load_full_into_sharded(path, model_parts, optimizer, ema=None, phema=None) -> None:
+    """Resume a sharded layout from full files (`model.safetensors`, `ema.safetensors`, `optimizer.pt`, `phema.safetensors`).
 
     The optimizer file of a 1-process run is keyed by position among the trainable parameters;
     positions are mapped to names through the full model's parameter order, which pipeline
@@ -309,6 +319,8 @@ def load_full_into_sharded(path, model_parts, optimizer, ema=None) -> None:
     if ema is not None:
         ema_sd = to_tp(load_file(path / "ema.safetensors"))
         ema.load_state_dict({k: v for k, v in ema_sd.items() if k in ema.shadow}, strict=False)
+    if phema is not None:
+        phema.load_state_dict({label: to_tp(sd) for label, sd in nest(load_file(path / PHEMA_FILE)).items()})
     if optimizer is None or not (path / "optimizer.pt").is_file():
         return
     from dit_trainer.checkpoint.files import load_pt

@@ -35,6 +35,7 @@ _RANGES = (
     ("train.grad_accum_steps", lambda v: v > 0, "a positive integer"),
     ("train.seed", lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
     ("train.ema_decay", lambda v: 0 <= v <= 1, "a number in [0, 1], e.g. 0.9999"),
+    ("train.phema_every", lambda v: v >= 0, "0 (a snapshot at every checkpoint) or more"),
     ("train.routing_keep", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.5; 1 routes no token"),
     ("train.activation_memory_budget", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 0.8; 1 keeps every activation"),
     ("checkpoint.save_steps", lambda v: v > 0, "a positive integer"),
@@ -65,6 +66,7 @@ _NAMES = {
     "diffusion.timestep_sampler": ("uniform", "loss-second-moment", "logit-normal", "lognormal"),
     "diffusion.loss_weighting": ("none", "min-snr"),
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
+    "train.phema_dtype": ("fp16", "fp32"),
     "data.vae_dtype": ("auto", "fp32", "bf16"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
@@ -164,9 +166,28 @@ def check_values(cfg) -> None:
         raise ConfigError(f"sample.sampler {s.sampler!r} is not one of ddpm|ddim|ode|sde")
     if s.steps is not None and not s.steps >= 1:
         raise ConfigError(f"sample.steps is {s.steps!r}; it must be a positive integer")
+    check_phema_stds(cfg)
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")
+
+
+# The widest power-function EMA: exponent 0 (a mean over every step so far) has sigma_rel sqrt(1/12),
+# and the width falls as the exponent grows, so the cubic that gives the exponent of a width has a
+# positive root exactly for widths below this (phema/profile.py; tests hold the two equal).
+PHEMA_MAX_STD = math.sqrt(1.0 / 12.0)
+
+
+def check_phema_stds(cfg) -> None:
+    """train.phema_stds: distinct numbers in (0, PHEMA_MAX_STD), kept as floats."""
+    stds = cfg.train.phema_stds
+    for v in stds:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < PHEMA_MAX_STD:
+            raise ConfigError(f"train.phema_stds holds {v!r}; each width sigma_rel must be a number in "
+                              f"(0, {PHEMA_MAX_STD:.4f}) (a power-function EMA needs an exponent > 0), e.g. [0.05, 0.10]")
+    if len(set(map(float, stds))) != len(stds):
+        raise ConfigError(f"train.phema_stds {stds!r} names a width twice; list each once")
+    cfg.train.phema_stds = [float(v) for v in stds]
 
 
 def check_model(cfg) -> None:

@@ -81,6 +81,9 @@ class TrainConfig:
     mixed_precision: str = "bf16"  # bf16 | fp16 | fp32; bf16 falls back to fp32 where unsupported
     ema_decay: float = 0.9999  # EMA weight decay per step, in [0, 1]; lower it for short runs
     ema_warmup: bool = False  # decay min(ema_decay, (1+step)/(10+step)): short runs get a useful EMA
+    phema_stds: list = field(default_factory=list)  # post-hoc EMA (EDM2's power-function EMA): the widths sigma_rel tracked beside the EMA, each in (0, 0.2887), e.g. [0.05, 0.10]; each costs one more copy of the weights. Snapshots go to output_dir/phema, and `dit ema` rebuilds the EMA of any width from them. [] is off
+    phema_every: int = 0  # steps between post-hoc EMA snapshots (the last step writes one too); 0: at every checkpoint.save_steps
+    phema_dtype: str = "fp16"  # fp16 | fp32: what post-hoc EMA snapshots store the profiles in (EDM2 stores fp16; frozen parameters keep their own dtype)
     activation_checkpointing: str = "none"  # none | full | selective
     compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
     activation_memory_budget: float = 0.8  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all

@@ -30,7 +30,7 @@ from dit_trainer.parallel.utils import any_rank, barrier, from_main
 from dit_trainer.train.run_lock import LOCK_NAME
 
 # What a run writes into output_dir; `overwrite` removes exactly these.
-RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "samples", "config.yaml")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "tensorboard", "samples", "config.yaml", "phema")
 
 
 def resume_or_start(checkpointer, cfg, is_main: bool, device, apply, optimizer, lr_scheduler):
@@ -277,6 +277,7 @@ def check_same_model(cfg, path):
     new = cfg.to_dict()["model"]
     _check_same_objective(cfg, path, config)
     _check_same_seed(cfg, path, config)
+    _check_same_phema(cfg, path, config)
     keys = [*_MODEL_KEYS, *sorted(set(old) & set(new) - set(_MODEL_KEYS) - {"class_dropout_prob", "weights_path"})]
     norm = lambda k, v: str(v).lower() if k == "name" else v  # noqa: E731 (model names are case-insensitive)
     differ = [k for k in keys if k in old and norm(k, old.get(k)) != norm(k, new.get(k))]
@@ -300,6 +301,22 @@ def _check_same_seed(cfg, path, saved: dict) -> None:
         f"{path} was trained with train.seed {old} but this run sets {cfg.train.seed}; the seed orders the data, so "
         f"set train.seed {old} to continue it, or pass --checkpoint.allow_new_seed true to continue with the new "
         "order from the saved sample on (the rest of this epoch then repeats some samples and skips others)")
+
+
+def _check_same_phema(cfg, path, saved: dict) -> None:
+    """A one-line error when this run asks for post-hoc EMA profiles that checkpoint `path` did not track."""
+    old = sorted(float(s) for s in (saved.get("train") or {}).get("phema_stds") or [])
+    new = sorted(cfg.train.phema_stds)
+    if not new or old == new:
+        return  # a run that turns post-hoc EMA off leaves the saved profiles unread
+    # Refused rather than begun from the EMA or the weights: a profile must average every step from the
+    # first with the power-function weights; one begun at step k is another average, and every
+    # reconstruction from its snapshots would be silently wrong.
+    held = f"tracks the post-hoc EMA widths {old}" if old else "holds no post-hoc EMA profiles (no phema.safetensors)"
+    raise ConfigError(
+        f"{path} {held} but this run sets train.phema_stds {new}; profiles are tracked from step 1, so set "
+        f"train.phema_stds {old} to continue it, or start a new run in another output_dir (or --checkpoint.resume "
+        "false --checkpoint.on_existing archive)")
 
 
 def _check_same_objective(cfg, path, saved: dict) -> None:

@@ -28,6 +28,7 @@ from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
+from dit_trainer.phema import snapshots, tracker
 from dit_trainer.train import preflight, resume
 from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
 from dit_trainer.train.eval_during_training import TrainingFID
@@ -86,8 +87,10 @@ class DiTTrainer:
                                                 cfg.train.grad_accum_steps, self.scaler)
         self.model_parts = self._parallelize(model)
         self.model = self.model_parts[0] if len(self.model_parts) == 1 else nn.ModuleList(self.model_parts)
-        # The EMA is kept like the parameters: full on one process, shards under FSDP/TP/PP.
+        # The EMA, and the post-hoc EMA profiles of train.phema_stds (None when off), are kept like the
+        # parameters: full on one process, shards under FSDP/TP/PP.
         self.ema = ShardedEMA(self.model_parts)
+        self.phema = tracker.PowerEMA.for_run(self.model_parts, cfg, self.dims, self.device)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         sharded_params = self.dims.distributed or any(is_dtensor(p) for p in params)
@@ -100,9 +103,10 @@ class DiTTrainer:
         d = self.dims
         self.checkpointer = Checkpointer(cfg.output_dir, self.model_parts, self.optimizer, self.ema, d, self.device,
                                          sharded=bool(cfg.checkpoint.sharded or d.fsdp_enabled or d.tp_enabled or d.pp_enabled),
-                                         keep=cfg.checkpoint.save_total_limit, keep_steps=cfg.checkpoint.keep_steps)
+                                         keep=cfg.checkpoint.save_total_limit, keep_steps=cfg.checkpoint.keep_steps,
+                                         phema=self.phema)
         self.update = GuardedUpdate(self.optimizer, self.lr_scheduler, self.scaler, self.ema, self._clip_grads, d,
-                                    self.device, cfg.optim, cfg.train, self._kept_checkpoint)
+                                    self.device, cfg.optim, cfg.train, self._kept_checkpoint, phema=self.phema)
         # Draws come from a CPU generator on every device: a CUDA generator's draw of the timestep
         # sampler's seed (.item()) would make the host wait for the device every step, and CPU and
         # GPU runs of one seed now see the same noise.
@@ -328,6 +332,7 @@ class DiTTrainer:
             return {}
         if main:
             resume.remove_stale_tmp(cfg.output_dir)  # a killed save's; no other writer can hold one (the lock)
+            snapshots.set_aside_newer(cfg.output_dir, self.step)  # post-hoc EMA snapshots of steps this run redoes
             if resumed is not None:
                 print(f"resuming from step {self.step} ({resumed})")
             save_config(cfg, preflight.make_dir(cfg.output_dir) / "config.yaml")
@@ -367,6 +372,10 @@ class DiTTrainer:
                 if values:
                     logger.log(self.step, values)
                     last = {**last, **values}
+            # Before the checkpoint of its step: a crash between the two redoes the step and its snapshot.
+            if self.phema is not None and self.phema.snapshot_due(self.step, cfg.train.max_steps):
+                self.update.read_pending()  # a step that diverged raises before its snapshot is written
+                self.phema.write_snapshot(self.step)
             if (self.step % cfg.checkpoint.save_steps == 0 or self.step == cfg.train.max_steps or self.stop_requested
                     or self.step in cfg.checkpoint.keep_steps):
                 self.save_checkpoint()

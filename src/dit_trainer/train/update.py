@@ -90,10 +90,12 @@ class GuardedUpdate:
     `read_losses()`, saved and restored through `state_dict()` / `load_state_dict()`."""
 
     def __init__(self, optimizer, lr_scheduler, scaler, ema, clip_fn, dims, device, optim_cfg, train_cfg,
-                 describe_kept):
+                 describe_kept, phema=None):
         """`clip_fn(max_norm)` clips every gradient and returns the norm; `describe_kept()` says which
-        checkpoint a divergence leaves intact (for its message)."""
+        checkpoint a divergence leaves intact (for its message); `phema`: the post-hoc EMA profiles
+        (`phema.PowerEMA`), updated and skipped exactly where the EMA is, or None."""
         self.optimizer, self.lr_scheduler, self.scaler, self.ema = optimizer, lr_scheduler, scaler, ema
+        self.phema = phema
         self.clip_fn, self.dims, self.device = clip_fn, dims, device
         self.max_grad_norm = optim_cfg.max_grad_norm
         self.skip_nonfinite = train_cfg.skip_nonfinite_steps
@@ -169,6 +171,8 @@ class GuardedUpdate:
                 self.optimizer.found_inf = None
             self._schedule_step()
             self.ema.update(decay, skip=masked)
+            if self.phema is not None:
+                self.phema.update(done + 1, skip=masked)
             self._window.add(loss, masked)
             self._queue(flags, done + 1)
             return True
@@ -189,6 +193,8 @@ class GuardedUpdate:
             self.optimizer.step()
         self._schedule_step()
         self.ema.update(decay)
+        if self.phema is not None:
+            self.phema.update(done + 1)
         self._window.add(loss)
         return True
 
