@@ -18,10 +18,11 @@ class TransportConfig:
     loss_weight: Optional[str] = None  # None | velocity | likelihood (score and noise models only)
     train_eps: Optional[float] = None  # in [0, 0.5): t keeps this far from the path's singular ends (None: the release's default; VP and score/noise only)
     sample_eps: Optional[float] = None  # in [0, 0.5): samplers stop this far from the ends (None: the release's default; VP and score/noise only)
-    t_sampler: str = "uniform"  # uniform | logit-normal
+    t_sampler: str = "uniform"  # uniform | logit-normal (SD3's logit-normal density on t, the rectified-flow time)
     logit_mean: float = 0.0  # mean of the logit-normal t sampler; > 0 favours t near 1, the data end here (SD3's t = 1 is noise)
     logit_std: float = 1.0  # std of the logit-normal t sampler
-    direction_loss_weight: float = 0.0  # w >= 0: add w * (1 - cos(predicted, true velocity)) per sample, cos over all of a sample (FasterDiT); velocity prediction only; 0 is off
+    direction_loss_weight: float = 0.0  # w >= 0: add w * (1 - cos(predicted, true velocity)) per sample, the cosine as direction_loss_form says; velocity prediction only; 0 is off
+    direction_loss_form: str = "flattened"  # flattened | per-position. flattened: one cosine over the whole flattened sample (FasterDiT's term as this project has had it). per-position: the cosine across channels at each spatial position, then the mean over positions (LightningDiT's); on one-channel data it is a sign with no gradient
     # Sampling defaults.
     sampler: str = "ode"  # ode | sde
     ode_method: str = "dopri5"  # any torchdiffeq method: euler, midpoint, rk4, dopri5, heun3, ...

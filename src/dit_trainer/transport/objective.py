@@ -8,7 +8,7 @@ import torch
 from dit_trainer.errors import ConfigError
 from dit_trainer.objective import Objective
 from dit_trainer.transport.config import TransportConfig
-from dit_trainer.transport.direction import check_direction_weight, direction_loss
+from dit_trainer.transport.direction import check_direction_form, check_direction_weight, direction_loss
 from dit_trainer.transport.sampler import Sampler
 from dit_trainer.transport.timesteps import T_SAMPLERS, sample_t
 from dit_trainer.transport.transport import create_transport
@@ -42,11 +42,13 @@ class TransportObjective(Objective):
     default_sampler = "ode"
 
     def __init__(self, transport, t_sampler="uniform", logit_mean=0.0, logit_std=1.0, learn_sigma=False,
-                 sampling=None, direction_loss_weight=0.0):
+                 sampling=None, direction_loss_weight=0.0, direction_loss_form="flattened"):
         if t_sampler not in T_SAMPLERS:
             raise ConfigError(f"transport.t_sampler {t_sampler!r} is not one of {', '.join(T_SAMPLERS)}")
         check_direction_weight(direction_loss_weight, transport.prediction)
         self.direction_loss_weight = float(direction_loss_weight)
+        check_direction_form(direction_loss_form)
+        self.direction_loss_form = direction_loss_form
         self.transport = transport
         self.t_sampler, self.logit_mean, self.logit_std = t_sampler, float(logit_mean), float(logit_std)
         self.learn_sigma = bool(learn_sigma)
@@ -63,7 +65,7 @@ class TransportObjective(Objective):
         model = getattr(cfg, "model", None)
         return cls(transport, tc.t_sampler, tc.logit_mean, tc.logit_std,
                    learn_sigma=getattr(model, "learn_sigma", False), sampling=tc,
-                   direction_loss_weight=tc.direction_loss_weight)
+                   direction_loss_weight=tc.direction_loss_weight, direction_loss_form=tc.direction_loss_form)
 
     # -- training ---------------------------------------------------------------------------------
 
@@ -97,7 +99,7 @@ class TransportObjective(Objective):
         if not self.direction_loss_weight:
             return loss
         target = self.transport.path.ut(draws["t"], noise, x)
-        return loss + self.direction_loss_weight * direction_loss(pred, target)
+        return loss + self.direction_loss_weight * direction_loss(pred, target, self.direction_loss_form)
 
     # -- sampling ---------------------------------------------------------------------------------
 
