@@ -1,5 +1,6 @@
-"""Training with token routing (train.routing_*): the loss falls, routing changes the step, MFU
-counts the routed blocks' work, and a pipelined layout refuses it in one line."""
+"""Training with token routing (train.routing_*): the loss falls, the trainer hands the model each
+step's route, routing changes the step, MFU counts the routed blocks' work, and a pipelined layout
+refuses it in one line."""
 
 import pytest
 import torch
@@ -43,6 +44,21 @@ def test_routing_changes_the_step_and_counts_only_the_kept_tokens_work(tmp_path)
     assert _losses(plain, 3) != _losses(routed, 3)
     expected = train_flops_per_image(routed.model, tokens_per_block=[8, 16])
     assert routed.flops_per_image == expected < plain.flops_per_image == train_flops_per_image(plain.model)
+
+
+def test_the_trainer_hands_each_steps_route_to_the_model(tmp_path):
+    # What the model is handed, and what its blocks then see: a trainer that drew the route but
+    # called the model without it would show no route and every block on all 16 tokens.
+    trainer = DiTTrainer(tiny_config(tmp_path, optim={"lr": 1e-3}, train=ROUTING))
+    routes, tokens = [], []
+    trainer.model.register_forward_pre_hook(lambda m, args, kwargs: routes.append(kwargs.get("route")),
+                                            with_kwargs=True)
+    for i, block in enumerate(trainer.model.blocks):
+        block.register_forward_pre_hook(lambda m, args, i=i: tokens.append((i, args[0].shape[1])))
+    _losses(trainer, 2)
+    assert tokens == [(0, 8), (1, 16)] * 2  # block 0 is the span: 8 of the 16 tokens
+    assert all(r is not None and tuple(r.kept.shape) == (8, 8) and (r.start, r.end) == (0, 1) for r in routes)
+    assert len(routes) == 2 and not torch.equal(routes[0].kept, routes[1].kept)  # drawn afresh each step
 
 
 def test_routing_with_pipeline_parallel_is_refused_in_one_line(tmp_path):
