@@ -2,7 +2,7 @@
 
     python benchmarks/time_to_quality.py [--task digits16|latent256] [--recipes dit sit dit+routing ...]
         [--seeds 0 1] [--steps N] [--points 4] [--num-samples 1000] [--cfg-scale 1.5] [--nfe 50]
-        [--ode-method midpoint] [--out outputs/time_to_quality]
+        [--ode-method midpoint] [--out outputs/time_to_quality] [--probe-only]
 
 Every recipe is the demo's config (`dit demo`) with a few keys changed (time_to_quality_recipes.py names
 each by what it is). Tasks: `digits16`, the demo itself (DiT-S/4-shaped, 16x16 digits in pixel space: 16
@@ -37,6 +37,8 @@ recipe's overrides, the package's code and torch's version), a score in a file n
 run's key, the step, samples, guidance, sampler flags, NFE, seed, reference, code), the key beside
 each (time_to_quality_keys.py). Run again with the same `--out`: what has the same key is reused, so
 an interrupted measurement goes on where it stopped; anything else trains or scores anew.
+`--probe-only` probes (or reads the probe), prints each recipe's seconds per step and the training hours
+the budget buys it, and stops: what a full measurement will cost.
 """
 
 import argparse
@@ -257,6 +259,18 @@ def report(results: list, steps: int) -> str:
     return "\n\n".join(out)
 
 
+def probe_report(probed: dict, args) -> str:
+    """The probe as a table: each recipe's seconds per step, its ratio to the baseline's, and the steps and
+    training hours the budget of `--steps` baseline steps buys it."""
+    budget = probed[BASELINE]["s_per_step"] * args.steps
+    body = []
+    for recipe, p in probed.items():
+        steps = max(args.steps, args.save_every * round(budget / p["s_per_step"] / args.save_every))
+        body.append([recipe, f"{p['s_per_step']:.3f}", f"{p['s_per_step'] / probed[BASELINE]['s_per_step']:.2f}",
+                     f"{p['group']}", f"{steps}", f"{steps * p['s_per_step'] / 3600:.2f}"])
+    return table(["recipe", "s/step", f"vs {BASELINE}", "probe group", "steps in budget", "training h"], body)
+
+
 def parse_args(argv=None):
     """The flags, with the task's defaults filled in; one-line errors for what cannot run."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -276,6 +290,8 @@ def parse_args(argv=None):
     p.add_argument("--nfe", type=int, default=50, help="network evaluations per sample, every recipe alike")
     p.add_argument("--ode-method", default="midpoint", help="SiT's fixed-step ODE method (euler, midpoint, heun3, rk4)")
     p.add_argument("--out", default="outputs/time_to_quality")
+    p.add_argument("--probe-only", action="store_true",
+                   help="probe, print each recipe's seconds per step and the training the budget buys, and stop")
     args = p.parse_args(argv)
     task = TASKS[args.task]
     for name, value in (("recipes", list(task.recipes)), ("steps", task.steps), ("save_every", task.save_every),
@@ -309,6 +325,11 @@ def main(argv=None) -> int:
 
     print(machine(torch.device("cpu")), flush=True)
     print(f"task {task.name}: {task.about}", flush=True)
+    if args.probe_only:
+        for seed in args.seeds:
+            base = Path(args.out) / task.name / f"seed-{seed}"
+            print(probe_report(probe_speeds(base, recipes, task, seed, args.probe_steps, args.probe_log_steps), args))
+        return 0
     results = []
     for i, seed in enumerate(args.seeds):
         results += run_seed(seed, recipes if i % 2 == 0 else [recipes[0], *reversed(recipes[1:])], task, args)

@@ -236,3 +236,13 @@ def test_latent256_has_dit_xl2s_token_count_and_treads_span(ttq):
     routing = TokenRouting.for_model(cfg.train, model)
     assert (routing.tokens, routing.kept, routing.start, routing.end, routing.depth) == (256, 128, 2, 6, 8)
     assert cfg.data.digits_size == 32 and cfg.train.global_batch_size == 64 and cfg.model.in_channels == 1
+
+
+def test_the_probe_report_prices_the_budget_per_recipe(ttq):
+    probed = {"dit": {"s_per_step": 2.0, "group": 0}, "sit+routing": {"s_per_step": 1.5, "group": 1}}
+    text = ttq.probe_report(probed, _args(ttq, "--task", "latent256", "--steps", "1000", "--save-every", "100"))
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines()
+             if line.startswith("| ")}
+    row = dict(zip(cells["recipe"], cells["sit+routing"]))
+    # 2,000 s of budget at 1.5 s/step: 1,333 steps, on the 100-step grid 1,300, 0.54 h.
+    assert (row["vs dit"], row["steps in budget"], row["training h"], row["probe group"]) == ("0.75", "1300", "0.54", "1")
