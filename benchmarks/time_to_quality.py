@@ -149,7 +149,9 @@ def reference(task, out: Path):
         x = ((x.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).repeat(1, 1, 1, 3).numpy()
         out.mkdir(parents=True, exist_ok=True)
         np.savez(path, arr_0=x)
-    return path, {"ref": "real digits", "size": task.digits_size}
+    import hashlib
+
+    return path, {"ref": "real digits", "size": task.digits_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def score_key(run_digest: str, step: int, flags: list, ref_key: dict, args) -> dict:

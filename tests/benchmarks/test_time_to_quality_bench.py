@@ -246,3 +246,14 @@ def test_the_probe_report_prices_the_budget_per_recipe(ttq):
     row = dict(zip(cells["recipe"], cells["sit+routing"]))
     # 2,000 s of budget at 1.5 s/step: 1,333 steps, on the 100-step grid 1,300, 0.54 h.
     assert (row["vs dit"], row["steps in budget"], row["training h"], row["probe group"]) == ("0.75", "1300", "0.54", "1")
+
+
+def test_the_reference_is_every_real_digit_at_the_tasks_size(ttq, tmp_path):
+    import numpy as np
+
+    path, key = ttq.reference(ttq.TASKS["latent256"], tmp_path)
+    with np.load(path) as z:
+        images = z["arr_0"]
+    assert images.shape == (1797, 32, 32, 3) and images.dtype == np.uint8 and key["size"] == 32
+    assert ttq.reference(ttq.TASKS["latent256"], tmp_path) == (path, key)  # written once, the same key after
+    assert ttq.reference(ttq.TASKS["digits16"], tmp_path) == ("digits", {"ref": "digits"})  # the shipped one
