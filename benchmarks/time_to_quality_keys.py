@@ -51,8 +51,8 @@ def holds_key(path: Path, key) -> bool:
 def check_same(stored, key, where) -> None:
     """One line (SystemExit) naming the differing fields when `stored`, read from `where`, is not `key`."""
     if canonical(stored) != canonical(key):
-        raise SystemExit(f"{where} was written for other arguments ({', '.join(differing(stored, json.loads(canonical(key))))} "
-                         "differ); move it away or choose another --out")
+        fields = ", ".join(differing(stored, json.loads(canonical(key))))
+        raise SystemExit(f"{where} was written for other arguments ({fields} differ); move it away or choose another --out")
 
 
 def write_key(path: Path, key) -> None:

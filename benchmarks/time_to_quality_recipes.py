@@ -77,9 +77,9 @@ TASKS = {
                      routing={"train.routing_keep": 0.5, "train.routing_start": 1, "train.routing_end": 3},
                      steps=1400, save_every=100, probe_steps=60, probe_log_steps=10),
     # Shaped like DiT-XL/2 on ImageNet-256 latents (32x32, patch 2: 256 tokens), the token count users
-    # train routing at. 8 blocks: twice the demo's depth, what two cores afford (about 5 s a step of
-    # batch 64 against the demo's 0.12; the width stays 192, as the demo's, because the step's cost
-    # grows with width squared and the digits need no more).
+    # train routing at (one channel, as the digits have). 8 blocks: twice the demo's depth, what two
+    # cores afford (3.7 s a step of batch 64 on quiet cores against the demo's 0.12, 2,000 steps about
+    # 2 hours); the width stays the demo's 192: the step's cost grows with its square.
     "latent256": Task("latent256", "32x32 digits, patch 2 (256 tokens, as DiT-XL/2 sees ImageNet-256), 8 blocks "
                                    "of width 192",
                       model={"name": "DiT-S/2", "input_size": 32, "depth": 8}, digits_size=32,
