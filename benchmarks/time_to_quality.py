@@ -26,9 +26,11 @@ Per seed:
    beside them, to be looked at.
 Every recipe samples with the same number of network evaluations per sample, `--nfe`: DiT by DDIM at
 NFE steps, SiT by the ODE's fixed-step `--ode-method` (midpoint: two evaluations per step, so NFE/2
-steps; euler: NFE steps). NFE counts calls of the network per sample and per guidance branch: guided
-sampling evaluates the conditional and unconditional halves of a doubled batch in one call, which
-counts once, so every recipe's sampling costs 2 x NFE single-image forwards alike. The tables print it.
+steps; euler: NFE steps). NFE counts the network's evaluations per sample and per guidance branch:
+guided sampling evaluates the conditional and null-label halves of a doubled batch in one call, so
+every recipe's sampling costs 2 x NFE single-image forwards alike. The tables print it. (The samples'
+.npz records both branches, 2 x NFE under guidance; the script checks that count, which also catches
+a sampler doing passes the flags did not ask for.)
 Prints FID against training seconds and steps, and the speed-up to reach the DiT recipe's FID at the
 budget (interpolated between measured points). The second seed runs the recipes in reverse order.
 Choose on the first seed, report on the second: the script prints both and selects nothing.
@@ -58,7 +60,7 @@ from _common import table  # noqa: E402
 from time_to_quality_keys import check_same, code_version, digest, holds_key, write_key  # noqa: E402
 from time_to_quality_probe import median, speeds, still_to_probe  # noqa: E402
 from time_to_quality_recipes import (BASELINE, RECIPES, RENAMED, TASKS, objective_of, recipe_overrides,  # noqa: E402
-                                     sampler_flags, sampler_label, task_config)
+                                     recorded_nfe, sampler_flags, sampler_label, task_config)
 
 SAMPLE_SEED, SAMPLE_BATCH = 0, 250
 
@@ -161,6 +163,18 @@ def score_key(run_digest: str, step: int, flags: list, ref_key: dict, args) -> d
             "reference": ref_key, **versions()}
 
 
+def check_recorded_nfe(npz: Path, expected: int) -> None:
+    """One line (SystemExit) when the samples record other network evaluations per sample than `expected`
+    (a sampler of an older version records none, and passes)."""
+    import numpy as np
+
+    with np.load(npz) as z:
+        recorded = float(z["nfe"]) if "nfe" in z.files else None
+    if recorded is not None and recorded != expected:
+        raise SystemExit(f"{npz} records {recorded:g} network evaluations per sample where the flags ask {expected}; "
+                         "the sampler did more or less than they say")
+
+
 def score(folder: Path, run_digest: str, step: int, recipe: str, ref, args) -> tuple:
     """(FID of `--num-samples` samples of `folder`'s checkpoint at `step` at `--nfe` evaluations, the .npz)."""
     flags = sampler_flags(objective_of(recipe), args.nfe, args.ode_method)
@@ -173,6 +187,7 @@ def score(folder: Path, run_digest: str, step: int, recipe: str, ref, args) -> t
     dit(["sample-ddp", "--ckpt", folder / "checkpoints" / f"step-{step:08d}", "--npz", npz, "--num-samples",
          args.num_samples, "--batch-size", SAMPLE_BATCH, "--cfg-scale", args.cfg_scale, *flags, "--seed", SAMPLE_SEED,
          "--device", "cpu", "--no-progress"], log)
+    check_recorded_nfe(npz, recorded_nfe(args.nfe, args.cfg_scale))
     dit(["eval", "--samples", npz, "--ref", ref[0], "--network", "digits", "--device", "cpu", "--json", out,
          "--no-progress"], log)
     write_key(folder / f"fid-{name}.key.json", key)
@@ -255,7 +270,8 @@ def report(results: list, steps: int) -> str:
             body.append([r["recipe"], f"{r['s_per_step']:.3f}", f"{at_budget[0]}", r["sampler"], f"{r['nfe']}",
                          f"{at_budget[2]:.2f}", f"{at_steps[2]:.2f}", "-" if reach is None else f"{reach:.0f}",
                          "-" if reach is None else f"{r['budget_s'] / reach:.2f}x"])
-        out.append(f"seed {seed}: target = {BASELINE}'s FID at the budget ({target:.2f}, {base['budget_s']:.0f} s)\n"
+        out.append(f"seed {seed}: target = {BASELINE}'s FID at the budget ({target:.2f}, {base['budget_s']:.0f} s); "
+                   "NFE: network evaluations per sample per guidance branch\n"
                    + table(["recipe", "s/step", "steps in budget", "sampler", "NFE", "FID at budget",
                             f"FID at {steps} steps", "s to target", "speed-up"], body))
     return "\n\n".join(out)

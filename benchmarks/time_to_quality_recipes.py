@@ -110,6 +110,9 @@ def task_config(task: Task, seed: int, steps: int, save_every: int, log_steps: i
 
     raw = demo_config("", steps=steps, seed=seed, objective="diffusion", fid_samples=0)
     del raw["output_dir"]
+    # Sampling is set by the script's flags alone: what a run recommends in its `sample:` section
+    # (autoguidance, a guidance interval, another EMA) would change what the tables compare.
+    raw.pop("sample", None)
     raw["model"].update(task.model)
     raw["data"]["digits_size"] = task.digits_size
     raw["checkpoint"].update(save_steps=save_every, save_total_limit=0)
@@ -143,3 +146,9 @@ def sampler_label(flags: list) -> str:
     if options["--sampler"] == "ddim":
         return f"ddim {options['--steps']}"
     return f"{options['--ode-method']} {options['--steps'] - 1}"
+
+
+def recorded_nfe(nfe: int, cfg_scale: float) -> int:
+    """What `dit sample-ddp` records per sample for `nfe` evaluations per branch: it counts the conditional
+    and the null-label pass each, so guidance (a scale other than 1) records twice `nfe`."""
+    return nfe * (1 if cfg_scale == 1 else 2)

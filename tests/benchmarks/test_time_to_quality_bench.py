@@ -100,9 +100,10 @@ def test_a_recipe_whose_overrides_changed_is_probed_again(ttq):
     assert still_to_probe([group], {"dit": {"train.seed": 1}, "sit": {"objective": "transport"}}) == ["dit", "sit"]
 
 
-def _fake_dit(calls):
+def _fake_dit(calls, extra=1.0):
     def dit(args, log):
-        calls.append(list(map(str, args)))
+        args = list(map(str, args))
+        calls.append(args)
         if args[0] == "train":
             import yaml
 
@@ -110,6 +111,16 @@ def _fake_dit(calls):
             out, steps = Path(config["output_dir"]), config["train"]["max_steps"]
             (out / "checkpoints" / f"step-{steps:08d}").mkdir(parents=True)
             (out / "metrics.jsonl").write_text(json.dumps({"step": steps, "s_per_step": 0.5}) + "\n")
+        elif args[0] == "sample-ddp":
+            import numpy as np
+
+            from time_to_quality_recipes import ODE_STAGES
+
+            flag = dict(zip(args[1::2], args[2::2]))
+            steps = int(flag["--steps"])
+            per_branch = steps if flag["--sampler"] == "ddim" else (steps - 1) * ODE_STAGES[flag["--ode-method"]]
+            nfe = per_branch * (1 if float(flag["--cfg-scale"]) == 1 else 2) * extra  # as sample-ddp counts
+            np.savez(args[args.index("--npz") + 1], arr_0=np.zeros((1, 8, 8, 3), np.uint8), nfe=np.float64(nfe))
         elif args[0] == "eval":
             Path(args[args.index("--json") + 1]).write_text(json.dumps({"fid": 12.5}))
     return dit
@@ -257,3 +268,14 @@ def test_the_reference_is_every_real_digit_at_the_tasks_size(ttq, tmp_path):
     assert images.shape == (1797, 32, 32, 3) and images.dtype == np.uint8 and key["size"] == 32
     assert ttq.reference(ttq.TASKS["latent256"], tmp_path) == (path, key)  # written once, the same key after
     assert ttq.reference(ttq.TASKS["digits16"], tmp_path) == ("digits", {"ref": "digits"})  # the shipped one
+
+
+def test_samples_recording_other_evaluations_than_asked_are_refused(ttq, monkeypatch, tmp_path):
+    monkeypatch.setattr(ttq, "dit", _fake_dit([], extra=1.5))  # a guide pass per step the flags did not ask
+    with pytest.raises(SystemExit) as err:
+        ttq.score(tmp_path, "run1", 100, "dit", ("digits", {"ref": "digits"}), _args(ttq, "--nfe", "20"))
+    assert "records 60 network evaluations per sample where the flags ask 40" in str(err.value)
+    assert not list(tmp_path.glob("fid-*"))  # not scored
+    monkeypatch.setattr(ttq, "dit", _fake_dit([]))
+    # Unguided, one branch: 20 recorded for 20 asked.
+    assert ttq.score(tmp_path, "run1", 100, "dit", ("digits", {"ref": "digits"}), _args(ttq, "--nfe", "20", "--cfg-scale", "1"))[0] == 12.5
