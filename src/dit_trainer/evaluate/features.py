@@ -14,6 +14,7 @@ import torch
 from dit_trainer.errors import ConfigError
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+FIELDS = ("pool", "spatial", "logits")
 
 
 @dataclass
@@ -59,14 +60,32 @@ def iter_features(network, images, batch_size: int = 64, dtype: str = "fp32", de
             with torch.no_grad(), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 feats = network(x)
             # Statistics are taken in float64 later; bf16 features are widened, not kept.
-            yield Features(*(feats[k].float().cpu().numpy() for k in ("pool", "spatial", "logits")))
+            yield Features(*(feats[k].float().cpu().numpy() for k in FIELDS))
             bar.update(len(x))
 
 
 def extract_features(network, images, batch_size: int = 64, dtype: str = "fp32", device="cpu",
                      progress: bool = True, total: Optional[int] = None, desc: str = "features") -> Features:
     """Features of all images, concatenated (see iter_features)."""
-    parts = list(iter_features(network, images, batch_size, dtype, device, progress, total, desc))
+    if total is None and hasattr(images, "__len__"):
+        total = len(images)
+    parts, out, filled = [], None, 0
+    for f in iter_features(network, images, batch_size, dtype, device, progress, total, desc):
+        if out is None and not parts and total is not None:
+            # Filled in place when the count is known: a small array kept per batch between the
+            # batches' large transient ones would fragment the heap, which evaluation keeps
+            # untrimmed on a CPU (host_memory.py), so its size would grow with the sample count.
+            out = Features(*(np.empty((total, *getattr(f, k).shape[1:]), np.float32) for k in FIELDS))
+        if out is not None and not parts and filled + len(f) <= total:
+            for k in FIELDS:
+                getattr(out, k)[filled:filled + len(f)] = getattr(f, k)
+            filled += len(f)
+        else:
+            parts.append(f)  # more images than `total` said: the rest are concatenated
+    if out is not None:
+        parts.insert(0, Features(*(getattr(out, k)[:filled] for k in FIELDS)))
     if not parts:
         raise ConfigError("no images to measure")
-    return Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("pool", "spatial", "logits")))
+    if len(parts) == 1:
+        return parts[0]
+    return Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in FIELDS))
