@@ -17,6 +17,10 @@ class CheckpointError(DitError, ValueError):
     """A checkpoint or weights file cannot be used."""
 
 
+class ResourceError(DitError, MemoryError):
+    """A stage would need more memory than is available; refused before it starts."""
+
+
 class DivergenceError(DitError, FloatingPointError):
     """Training produced a non-finite loss or gradient norm; the update was not applied."""
 

@@ -49,6 +49,8 @@ def add_commands(sub) -> None:
     p.add_argument("--pr-dtype", choices=("fp16", "fp32"), default="fp16",
                    help="precision/recall distances in float16 as the ADM evaluator computes them (default), "
                         "or float32")
+    p.add_argument("--no-pr", action="store_true",
+                   help="skip precision/recall (the slowest metric: its k-NN compares every pair of samples)")
     p.add_argument("--json", metavar="OUT", help="also write the metrics as JSON here")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out or --json file (by default it is kept and nothing is measured)")
@@ -106,13 +108,14 @@ def run(args) -> int:
         raise ConfigError("dit eval needs --samples FILE.npz and --ref REF.npz (or --ref-from-images DIR / "
                           "--ref-from-latents DIR with --out REF.npz)")
     result = evaluate(args.samples, args.ref, args.network, args.weights, args.batch_size, args.dtype, args.device,
-                      progress=not args.no_progress, is_splits=args.is_splits, pr_dtype=args.pr_dtype)
+                      progress=not args.no_progress, is_splits=args.is_splits, pr_dtype=args.pr_dtype,
+                      pr=not args.no_pr)
     label = "Inception Score" if result["network"] == "inception" else "Inception Score (digit network)"
     print(f"{label}: {result['inception_score']:.4f} ± {result['inception_score_std']:.4f}")
     print(f"FID: {result['fid']:.4f}")
     print(f"sFID: {result['sfid']:.4f}")
     if result["precision"] is None:
-        print("Precision/Recall: skipped (the reference has neither images nor features)")
+        print(f"Precision/Recall: skipped ({result['pr_skipped']})")
     else:
         print(f"Precision: {result['precision']:.4f}")
         print(f"Recall: {result['recall']:.4f}")

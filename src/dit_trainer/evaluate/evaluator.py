@@ -1,15 +1,18 @@
 """The measurement: samples .npz + reference -> FID, sFID, IS, precision, recall (the ADM evaluator's set)."""
 
+import itertools
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from dit_trainer.errors import ConfigError, DataError
-from dit_trainer.evaluate.features import extract_features
+from dit_trainer.evaluate.features import extract_features, iter_features
 from dit_trainer.evaluate.fid import frechet_distance
 from dit_trainer.evaluate.inception_score import ADM_SPLIT_SIZE, inception_score
+from dit_trainer.evaluate.memory import check_eval_memory
 from dit_trainer.evaluate.npz import IMAGES_KEY, NpzImages, npz_keys
 from dit_trainer.evaluate.precision_recall import DISTANCE_DTYPES, precision_recall
 from dit_trainer.evaluate.stats import ReferenceStats
@@ -47,8 +50,9 @@ def measure_npz(path, network, batch_size=64, dtype="fp32", device="cpu", progre
                             total=len(images), desc=desc or Path(path).name)
 
 
-def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=True):
-    """ReferenceStats for `ref` (an .npz, or "digits"), with pool features when precision/recall can be had."""
+def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=True, pr=True):
+    """ReferenceStats for `ref` (an .npz, or "digits"), with pool features when precision/recall can be had
+    and is asked for (`pr`)."""
     if str(ref) == DIGITS_REF:
         if network.name != "digits":
             raise ConfigError("--ref digits is measured with the digit network; add --network digits")
@@ -64,7 +68,7 @@ def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=
         raise ConfigError(f"{ref} holds {measured_by} features but the samples are measured with "
                           f"--network {network.name}; use the same network for both")
     has_images = IMAGES_KEY in npz_keys(ref)
-    if stats is not None and (stats.features is not None or not has_images):
+    if stats is not None and (stats.features is not None or not has_images or not pr):
         return stats
     # ADM's reference batches: statistics of the whole dataset plus images for precision/recall.
     feats = measure_npz(ref, network, batch_size, dtype, device, progress, desc=f"reference {Path(ref).name}")
@@ -74,13 +78,22 @@ def reference(ref, network, batch_size=64, dtype="fp32", device="cpu", progress=
     return stats
 
 
+def _feature_dims(network, samples, dtype, device) -> tuple:
+    """Widths of the pool, spatial and logits features, from the network's pass over the first sample."""
+    first = next(iter_features(network, itertools.islice(NpzImages(samples).batches(1), 1), 1, dtype, device,
+                               progress=False))
+    return tuple(int(getattr(first, k).shape[1]) for k in ("pool", "spatial", "logits"))
+
+
 def evaluate(samples, ref, network="inception", weights=None, batch_size=None, dtype="fp32", device=None,
-             progress=True, is_splits=None, is_split_size=ADM_SPLIT_SIZE, pr_dtype="fp16", k=3) -> dict:
+             progress=True, is_splits=None, is_split_size=ADM_SPLIT_SIZE, pr_dtype="fp16", k=3, pr=True) -> dict:
     """All five metrics of a samples .npz against a reference; returns a dict of plain values.
 
     IS over parts of `is_split_size` samples as the ADM evaluator, or `is_splits` equal parts as
-    torch-fidelity; precision/recall distances in `pr_dtype` (fp16: ADM's; fp32). `ref` may be a
-    `ReferenceStats` already fitted (with `reference`), so that several sample sets share one."""
+    torch-fidelity; precision/recall distances in `pr_dtype` (fp16: ADM's; fp32), or skipped (`pr`
+    False). `ref` may be a `ReferenceStats` already fitted (with `reference`), so that several sample
+    sets share one. Before the samples are measured, what their features and precision/recall will
+    hold is said (with `progress`) and refused with a ResourceError when it cannot fit."""
     device = device or default_device()
     if str(ref) == DIGITS_REF and (network if isinstance(network, str) else network.name) != "digits":
         # Before loading the network: the Inception one would first ask for its weight file.
@@ -97,7 +110,13 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     net = load_network(network, weights, device, progress) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     t0 = time.perf_counter()
-    ref_stats = ref if isinstance(ref, ReferenceStats) else reference(ref, net, batch_size, dtype, device, progress)
+    ref_stats = ref if isinstance(ref, ReferenceStats) else reference(ref, net, batch_size, dtype, device,
+                                                                      progress, pr)
+    pr_ref = ref_stats.features if pr else None
+    plan = check_eval_memory(samples, count, _feature_dims(net, samples, dtype, device),
+                             None if pr_ref is None else len(pr_ref), device, dtype=pr_dtype)
+    if progress:
+        print(f"dit eval: {plan}", file=sys.stderr)
     feats = measure_npz(samples, net, batch_size, dtype, device, progress, desc=f"samples {Path(samples).name}")
     sam = ReferenceStats.from_features(feats, network=net.name)
     is_mean, is_std = inception_score(feats.logits, is_splits, is_split_size)
@@ -109,15 +128,17 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
         "precision": None,
         "recall": None,
     }
-    if ref_stats.features is not None:
-        result["precision"], result["recall"] = precision_recall(ref_stats.features, feats.pool, k=k,
-                                                                 device=device, dtype=pr_dtype)
+    if pr_ref is not None:
+        result["precision"], result["recall"] = precision_recall(pr_ref, feats.pool, k=k, device=device,
+                                                                 dtype=pr_dtype)
     result.update({
         "num_samples": len(feats),
         "num_reference_features": None if ref_stats.features is None else len(ref_stats.features),
         "network": net.name, "dtype": dtype, "samples": str(samples),
         "ref": None if isinstance(ref, ReferenceStats) else str(ref),  # a fitted one: its caller names it
         "is_splits": is_splits, "is_split_size": None if is_splits else is_split_size, "pr_dtype": pr_dtype,
+        "pr_skipped": None if pr_ref is not None else ("--no-pr" if not pr else "the reference has neither "
+                                                                                   "images nor features"),
         "seconds": round(time.perf_counter() - t0, 1),
     })
     return result
