@@ -1,9 +1,6 @@
 """Per-item helpers every dataset shares: index and epoch checks, and flips that are a pure
 function of (seed, epoch, index) so that resumes and DataLoader workers agree."""
 
-import tokenize
-import zipfile
-
 import numpy as np
 
 
@@ -29,8 +26,6 @@ def check_epoch(epoch) -> int:
     return int(epoch)
 
 
-# What numpy raises for a damaged `.npy`: a garbled header is parsed with `tokenize` and `ast`
-# (TokenError, SyntaxError), odd shapes or dtypes give TypeError/OverflowError, a header claiming a
-# huge array MemoryError, and a file starting with a zip's "PK\x03\x04" is opened as an .npz (BadZipFile).
-NPY_ERRORS = (ValueError, EOFError, SyntaxError, tokenize.TokenError, TypeError, OverflowError, MemoryError,
-              zipfile.BadZipFile)
+# What reading a damaged `.npy` raises: dit_trainer.npy's NpyError (a ValueError) for anything in its
+# header or length, and OverflowError or MemoryError where a sound header asks for more than there is.
+NPY_ERRORS = (ValueError, EOFError, OverflowError, MemoryError)

@@ -18,6 +18,7 @@ import numpy as np
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
 from dit_trainer.fs import check_regular
+from dit_trainer.npy import read_array
 
 LABEL_FILE_NAMES = ("labels.json", "labels.npy", "labels.txt")
 
@@ -63,7 +64,8 @@ def read_labels_file(path: str, stems: Sequence[str]):
 
 def _read_npy(path: str, stems: Sequence[str]) -> np.ndarray:
     try:
-        arr = np.load(path, allow_pickle=False)
+        with open(path, "rb") as f:
+            arr = read_array(f)
     except NPY_ERRORS as err:
         raise DataError(f"{path} is not a valid .npy file ({one_line(err)}); re-save it with numpy.save") from None
     if arr.size != len(stems) or arr.ndim > 2:

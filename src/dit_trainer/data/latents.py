@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from dit_trainer.errors import ConfigError, DataError, one_line
 from dit_trainer.fs import check_regular
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch, check_index, flip_for  # noqa: F401 (flip_for is public here)
-from dit_trainer.npy import read_array, read_header
+from dit_trainer.npy import NpyError, check_data_length, read_array, read_header
 from dit_trainer.data.labels import check_label_range, find_labels_file, read_labels_file
 
 FASTDIT_FEATURES = "imagenet256_features"
@@ -45,11 +45,10 @@ def read_npy_header(path: str) -> Tuple[Tuple[int, ...], np.dtype]:
         raise DataError(f"{path} is not a valid .npy file ({one_line(err)}); re-save it with numpy.save") from None
     if dtype.hasobject or dtype.kind != "f":
         raise DataError(f"{path} holds {dtype} values; latents must be float16/32/64 arrays")
-    expected = data_start + dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-    if size < expected:
-        raise DataError(
-            f"{path} is truncated ({size} of {expected} bytes for {shape} {dtype}); re-extract it or delete it"
-        )
+    try:
+        check_data_length(shape, dtype, size - data_start)
+    except NpyError as err:
+        raise DataError(f"{path} does not match its .npy header ({err}); re-extract it or delete it") from None
     return tuple(int(s) for s in shape), dtype
 
 

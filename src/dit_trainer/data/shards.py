@@ -4,7 +4,7 @@ Format: each shard is one raw `.npy` array of shape N×F×K×C×H×W (F = 2 when
 were encoded, K = 2 for posterior mean and std, 1 for a stored sample) plus a small
 `.labels.npy`; `manifest.json` describes the whole set. We chose `.npy` memmaps over safetensors:
 
-- random access is one offset computation into an `np.load(mmap_mode="r")` array, with no header
+- random access is one offset computation into a read-only memmap (`npy.open_memmap`), with no header
   parse or Python-level slice object per item (safetensors' `get_slice` costs both), and only the
   bytes of that latent are paged in;
 - each worker opens one mmap per shard, lazily, and keeps it, so there is no per-sample open();
@@ -37,6 +37,7 @@ from dit_trainer.data.atomic import atomic_json as _atomic_json, atomic_npy as _
 from dit_trainer.data.indexing import NPY_ERRORS, check_epoch
 from dit_trainer.errors import ConfigError, DataError, one_line
 from dit_trainer.fs import check_regular
+from dit_trainer.npy import open_memmap, read_array
 
 FORMAT = "dit-trainer-latent-shards"
 VERSION = 1
@@ -257,7 +258,7 @@ class LatentShards(Dataset):
             with open(path, "rb") as f:
                 raw = f.read()
             checksums.check_bytes(path, raw, sha256, self.remedy)  # small: hashed on every open
-            labels = np.load(io.BytesIO(raw), allow_pickle=False)
+            labels = read_array(io.BytesIO(raw))
         except (OSError, *NPY_ERRORS) as err:
             raise DataError(f"cannot read {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
         if labels.shape != (count,):
@@ -291,7 +292,7 @@ class LatentShards(Dataset):
             path = os.path.join(self.root, f"{self.names[shard]}.npy")
             check_regular(path, DataError, "a shard")
             try:
-                array = np.load(path, mmap_mode="r", allow_pickle=False)
+                array = open_memmap(path)
             except (OSError, *NPY_ERRORS) as err:
                 raise DataError(f"cannot open {path} ({one_line(err)}); re-extract that shard or run `dit data verify`") from None
             want = (int(self.offsets[shard + 1] - self.offsets[shard]), *self._entry)

@@ -12,6 +12,7 @@ from dit_trainer.data import shards as sh
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
 from dit_trainer.fs import not_regular
+from dit_trainer.npy import open_memmap, read_array
 
 # Rows checked for NaN/inf per read: bounds memory at ImageNet scale without per-row overhead.
 _SCAN_ROWS = 512
@@ -117,7 +118,7 @@ def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> Lis
     if not_regular(path) or not_regular(os.path.join(root, f"{name}.labels.npy")):
         return [f"{path} or its labels file is not a regular file (a FIFO or device); re-extract this shard"]
     try:
-        data = np.load(path, mmap_mode="r", allow_pickle=False)
+        data = open_memmap(path)
     except (OSError, *NPY_ERRORS) as err:
         return [f"{path}: cannot open ({one_line(err)}); re-extract this shard"]
     if data.shape != (count, *entry):
@@ -126,7 +127,8 @@ def _check_shard(root: str, m: Dict, name: str, count: int, entry: tuple) -> Lis
         problems.append(f"{path}: dtype {data.dtype}, manifest says {m['dtype']}")
     lpath = os.path.join(root, f"{name}.labels.npy")
     try:
-        labels = np.load(lpath, allow_pickle=False)
+        with open(lpath, "rb") as f:
+            labels = read_array(f)
         if labels.shape != (count,):
             problems.append(f"{lpath}: shape {labels.shape}, manifest expects ({count},)")
         elif labels.dtype.kind not in "iu":

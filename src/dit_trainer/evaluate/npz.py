@@ -7,13 +7,14 @@ loaded whole (ADM's evaluator does the same).
 import contextlib
 import os
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-from dit_trainer.errors import DataError
+from dit_trainer.errors import DataError, one_line
 from dit_trainer.fs import check_regular
-from dit_trainer.npy import read_header
+from dit_trainer.npy import NpyError, check_data_length, read_array, read_header
 
 IMAGES_KEY = "arr_0"
 
@@ -38,19 +39,34 @@ class NpzImages:
         self.path = Path(os.fspath(path))
         if IMAGES_KEY not in npz_keys(self.path):
             raise DataError(f"{self.path} has no '{IMAGES_KEY}' array; expected uint8 N×H×W×3 images in arr_0")
-        with self._open() as f:
+        with self._open() as (f, member_size):
             shape, fortran, dtype = _read_header(f, self.path)
+            data_start = f.tell()
         if dtype != np.uint8 or fortran or len(shape) not in (3, 4) or (len(shape) == 4 and shape[3] not in (1, 3)):
             raise DataError(
                 f"{self.path}: {IMAGES_KEY} is {dtype} {'Fortran-order ' if fortran else ''}{shape}; "
                 f"expected uint8 N×H×W×3 (or N×H×W×1)"
             )
+        # Against the member's size in the zip directory: a header that promises more (or fewer)
+        # images than are stored fails here, before a batch is read or allocated.
+        try:
+            check_data_length(shape, dtype, member_size - data_start)
+        except NpyError as err:
+            raise DataError(f"{self.path}: {IMAGES_KEY} does not match its header ({err}); re-save it with "
+                            f"np.savez") from None
         self.shape = tuple(shape)
 
     @contextlib.contextmanager
     def _open(self):
-        with zipfile.ZipFile(self.path) as z, z.open(IMAGES_KEY + ".npy") as f:
-            yield f
+        """(arr_0's stream, its size); a damaged zip member is a DataError naming the file."""
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                info = z.getinfo(IMAGES_KEY + ".npy")
+                with z.open(info) as f:
+                    yield f, info.file_size
+        except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+            raise DataError(f"{self.path}: {IMAGES_KEY} cannot be read ({type(err).__name__}: {one_line(err)}); "
+                            f"re-save it with np.savez") from None
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -58,7 +74,7 @@ class NpzImages:
     def batches(self, batch_size: int):
         """Yield uint8 b×H×W×3 arrays in file order."""
         per_image = int(np.prod(self.shape[1:]))
-        with self._open() as f:
+        with self._open() as (f, _):
             _read_header(f, self.path)
             for start in range(0, len(self), batch_size):
                 n = min(batch_size, len(self) - start)
@@ -72,9 +88,23 @@ class NpzImages:
 def _read_header(f, path):
     try:
         return read_header(f)
-    except ValueError as err:
+    except NpyError as err:
         raise DataError(f"{path}: {IMAGES_KEY} is not an array numpy.save writes ({err}); "
                         f"re-save it with np.savez") from None
+
+
+def read_npz_array(path, key: str, remedy: str) -> np.ndarray:
+    """Array `key` of the .npz at `path`, read without numpy's header parser; DataError (one line
+    naming the file, the array and `remedy`) for a damaged member."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            info = z.getinfo(key + ".npy")
+            with z.open(info) as f:
+                return read_array(f, size=info.file_size)
+    except NpyError as err:
+        raise DataError(f"{path}: {key} is not an array numpy.save writes ({err}); {remedy}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError) as err:
+        raise DataError(f"{path}: {key} cannot be read ({type(err).__name__}: {one_line(err)}); {remedy}") from None
 
 
 def to_rgb_batch(images: np.ndarray) -> np.ndarray:

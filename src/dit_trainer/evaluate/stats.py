@@ -12,9 +12,9 @@ from typing import Optional
 
 import numpy as np
 
-from dit_trainer.errors import DataError, one_line
+from dit_trainer.errors import DataError
 from dit_trainer.fs import staged_file
-from dit_trainer.evaluate.npz import IMAGES_KEY, npz_keys
+from dit_trainer.evaluate.npz import IMAGES_KEY, npz_keys, read_npz_array
 
 STAT_KEYS = ("mu", "sigma", "mu_s", "sigma_s")
 
@@ -104,14 +104,11 @@ class ReferenceStats:
         if len(present) != len(STAT_KEYS):
             missing = [k for k in STAT_KEYS if k not in keys]
             raise DataError(f"{path} lacks {', '.join(missing)}; a reference needs all of {', '.join(STAT_KEYS)}")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                features = z["features"] if "features" in keys else None
-                network = str(z["network"]) if "network" in keys else None
-                stats = [z[k] for k in STAT_KEYS]
-        except ValueError as err:  # object arrays (pickles), which allow_pickle=False refuses
-            raise DataError(f"{path}: {one_line(err)}; reference statistics are numeric arrays "
-                            f"({', '.join(STAT_KEYS)}), as dit eval --ref-from-images writes them") from None
+        remedy = (f"reference statistics are numeric arrays ({', '.join(STAT_KEYS)}), as dit eval "
+                  f"--ref-from-images writes them")
+        features = read_npz_array(path, "features", remedy) if "features" in keys else None
+        network = str(read_npz_array(path, "network", remedy)) if "network" in keys else None
+        stats = [read_npz_array(path, k, remedy) for k in STAT_KEYS]
         odd = [k for k, v in zip(STAT_KEYS, stats) if not np.issubdtype(v.dtype, np.number)]
         if odd:
             raise DataError(f"{path}: {odd[0]} is {stats[STAT_KEYS.index(odd[0])].dtype}, not numbers; rebuild the "

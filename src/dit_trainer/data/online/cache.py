@@ -28,6 +28,7 @@ from dit_trainer.data import shards as sh
 from dit_trainer.data import checksums
 from dit_trainer.data.checksums import file_sha256
 from dit_trainer.errors import DataError
+from dit_trainer.npy import open_memmap, read_array
 
 FORMAT = 1
 PLAN = "cache.json"
@@ -206,7 +207,7 @@ def _piece_index(pieces: str, stem: str) -> Optional[np.ndarray]:
         with open(path, "rb") as f:
             raw = f.read()
         checksums.check_bytes(path, raw, sums["index"]["sha256"], "")
-        return np.load(io.BytesIO(raw), allow_pickle=False)
+        return read_array(io.BytesIO(raw))
     except (OSError, ValueError, EOFError, KeyError, TypeError):  # DataError is a ValueError
         return None
 
@@ -252,7 +253,7 @@ def gather(where: Where, index: np.ndarray, opened: Dict[int, np.ndarray], selec
         at = np.flatnonzero(file_of == f)
         array = opened.get(int(f))
         if array is None:
-            array = opened[int(f)] = np.load(where.files[int(f)], mmap_mode="r", allow_pickle=False)
+            array = opened[int(f)] = open_memmap(where.files[int(f)])
         # Plain ndarray view: np.memmap's subclass hooks cost microseconds per indexing.
         part = np.asarray(array)[where.row_of[index[at]]]
         part = select(part, at) if select is not None else part
