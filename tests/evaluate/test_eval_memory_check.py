@@ -105,3 +105,14 @@ def test_no_pr_leaves_the_reference_images_unmeasured(tmp_path, tiny_net, make_i
                                  progress=False)
     assert measured[1:] == [tmp_path / "ref.npz", tmp_path / "samples.npz"] and with_pr["fid"] == m["fid"]
     assert with_pr["precision"] is not None
+
+
+def test_no_pr_measures_fewer_samples_than_precision_recall_needs(tmp_path, capsys):
+    from dit_trainer.evaluate.digits_net import real_digits_uint8
+
+    few = tmp_path / "few.npz"
+    np.savez(few, arr_0=real_digits_uint8(np.arange(3)))
+    assert _eval(few, "--no-progress") == 2
+    assert "precision/recall with k=3 need at least 4" in capsys.readouterr().err
+    assert _eval(few, "--no-progress", "--no-pr") == 0
+    assert json.loads(few.with_suffix(".json").read_text())["num_samples"] == 3

@@ -103,10 +103,11 @@ def evaluate(samples, ref, network="inception", weights=None, batch_size=None, d
     if is_splits is not None and (isinstance(is_splits, bool) or not isinstance(is_splits, int) or is_splits < 1):
         raise ConfigError(f"--is-splits must be a positive integer, got {is_splits!r}")
     count = len(NpzImages(samples))  # reads the header only: a bad file fails before any measuring
-    need = max(is_splits or 1, k + 1)
+    need = max(is_splits or 1, k + 1 if pr else 2)
     if count < need:
         splits = f"IS over {is_splits} splits and " if is_splits else ""
-        raise DataError(f"{samples} holds {count} images; {splits}precision/recall with k={k} need at least {need}")
+        metric = f"precision/recall with k={k}" if pr else "the covariances of FID"
+        raise DataError(f"{samples} holds {count} images; {splits}{metric} need at least {need}")
     net = load_network(network, weights, device, progress) if isinstance(network, str) else network
     batch_size = batch_size or DEFAULT_BATCH.get(net.name, 64)
     t0 = time.perf_counter()
