@@ -177,6 +177,10 @@ def main() -> int:
             same = all(b[k] == m[k] for k in ("precision", "recall", "fid", "sfid", "inception_score"))
             line += f"; before {b['precision']:.4f} / {b['recall']:.4f}: {'identical' if same else 'DIFFERENT'}"
         print(line)
+    for n, pair in runs.items():
+        for side, r in zip(("before", "after"), pair):
+            if r["rc"] != 0:
+                print(f"{n:,} {side}: exit {r['rc']}: {r['last'][:200]}")
     base = runs[sizes[0]][1]
     if base["rc"] == 0:
         ratios = [f"{n:,}: {runs[n][1]['peak_mib'] / base['peak_mib']:.2f}x" for n in sizes[1:] if runs[n][1]["rc"] == 0]
