@@ -113,6 +113,9 @@ def task_config(task: Task, seed: int, steps: int, save_every: int, log_steps: i
     # Sampling is set by the script's flags alone: what a run recommends in its `sample:` section
     # (autoguidance, a guidance interval, another EMA) would change what the tables compare.
     raw.pop("sample", None)
+    # Nor does the demo's post-hoc EMA take part: the recipes are scored on their checkpoints' weights, and
+    # its snapshots would cost every run the same time and disk for nothing the tables read.
+    raw["train"].update(phema_stds=[], phema_every=0)
     raw["model"].update(task.model)
     raw["data"]["digits_size"] = task.digits_size
     raw["checkpoint"].update(save_steps=save_every, save_total_limit=0)

@@ -28,23 +28,31 @@ def test_demo_short_run(tmp_path, capsys):
     # 10 rows (one per digit) of 2 samples, 16 px each with 2 px padding, enlarged 4x.
     assert grid.size == (4 * (2 * 18 + 2), 4 * (10 * 18 + 2)) and grid.mode == "L"
     assert Image.open(tmp_path / "loss.png").size[0] > 100
-    data = np.load(tmp_path / "samples.npz")  # the ADM format of dit sample --npz
-    assert sorted(data.files) == ["arr_0", "arr_1"]
-    assert data["arr_0"].shape == (20, 16, 16, 3) and data["arr_0"].dtype == np.uint8
-    assert data["arr_1"].tolist() == [d for d in range(10) for _ in range(2)]
+    data = np.load(tmp_path / "samples.npz")  # the FID batch of dit sample-ddp, drawn as the run recommends
+    assert {"arr_0", "arr_1", "settings"} <= set(data.files)
+    assert data["arr_0"].shape == (30, 16, 16, 3) and data["arr_0"].dtype == np.uint8
+    assert np.bincount(data["arr_1"]).tolist() == [3] * 10  # every class alike
     assert data["arr_0"].std() > 0 and np.array_equal(data["arr_0"][..., 0], data["arr_0"][..., 2])
-    out = capsys.readouterr().out
-    assert "trained 20 steps" in out and "samples.png" in out
-    # FID against the real digits at the last step: printed, and logged beside the loss.
     import json
     import re
 
-    printed = re.search(r"FID against the real digits \(digit network, 30 unguided samples at step 20\): "
-                        r"([0-9.]+)", out)
+    settings = json.loads(str(data["settings"]))
+    # Drawn with the run's recommendation: the post-hoc EMA rebuilt at the end, the guide halfway.
+    assert settings["ckpt"].endswith("phema/std0.050-step00000020") and settings["guide"].endswith("std0.100-step00000009")
+    assert (settings["cfg_scale"], settings["guide_scale"], settings["steps"]) == (1.1, 2.0, 9)
+    out = capsys.readouterr().out
+    assert "trained 20 steps" in out and "samples.png" in out and "as the run recommends (cfg=1.1" in out
+    # FID against the real digits of those samples: printed, and logged beside the loss.
+    printed = re.search(r"FID against the real digits \(digit network, 30 samples at step 20\): ([0-9.]+)", out)
     logged = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "fid" in r]
     assert printed and [r["step"] for r in logged] == [20]
     assert float(printed.group(1)) == pytest.approx(logged[0]["fid"], abs=0.01) and logged[0]["fid"] > 0
-    assert (tmp_path / "eval" / "reference.npz").is_file()
+    assert 0 <= logged[0]["recognised"] <= 1 and 0 <= logged[0]["recall"] <= 1
+    # dit sample on the run takes the same recommendation by default.
+    cfg = build_config(tmp_path / "config.yaml")
+    assert cfg.sample.guide == "phema/std0.100-step00000009" and cfg.sample.ema_std == 0.05
+    assert main(["sample", "--ckpt", str(tmp_path), "--class-labels", "3", "--out", str(tmp_path / "one.png"),
+                 "--no-progress", "--device", "cpu"]) == 0
 
 
 def test_demo_short_run_as_dit(tmp_path, capsys):

@@ -1,12 +1,15 @@
 """`dit demo`: a class-conditional DiT learns scikit-learn's bundled digits on a CPU in minutes.
 
-No download: the 1,797 8×8 digits ship with scikit-learn. They are upsampled to 16×16, trained
-on in pixel space (one channel, no VAE), and sampled with classifier-free guidance into a grid,
-one row per digit. The network trains as SiT (interpolant transport) unless `--objective diffusion`
-asks for DiT's Gaussian diffusion. The config is `configs/demo_digits.yaml`; `demo_config()` is its
-source.
+No download: the 1,797 8×8 digits ship with scikit-learn. They are upsampled to 16×16 and trained
+on in pixel space (one channel, no VAE) with post-hoc EMA profiles tracked. At the end the EMA is
+rebuilt and 1,000 samples are drawn as the run recommends (its `sample:` section: autoguidance by the
+run's own halfway EMA, a little classifier-free guidance, both in a guidance interval), scored against
+the real digits and shown as a grid, one row per digit. The network trains as SiT (interpolant
+transport) unless `--objective diffusion` asks for DiT's Gaussian diffusion. The config is
+`configs/demo_digits.yaml`; `demo_config()` is its source.
 """
 
+import json
 import time
 from pathlib import Path
 
@@ -16,14 +19,19 @@ from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it h
 # SiT by default: on the digits it reached the DiT recipe's 3-minute FID in under a third of the
 # training time (benchmarks/time_to_quality.py, chosen on seed 0; benchmarks/RESULTS.md).
 DEMO_OBJECTIVE = "transport"
-# Steps per objective. DiT: 1,400, 100% recognised with seeds 0 and 1 (as at 1,600). SiT: 1,200,
-# because its ODE samples twice per step (midpoint) and so its FID step costs twice DiT's; that
-# keeps the whole command within 3 minutes on two cores.
+# Steps per objective. DiT: 1,400, 100% recognised with seeds 0 and 1 (as at 1,600). SiT: 1,200, which
+# leaves the end's 1,000 guided samples room within 3 minutes on two cores.
 DEMO_STEPS = {"diffusion": 1400, "transport": 1200}
-# FID at the end against all 1,797 real digits: 500 unguided samples cost ~10 s on two cores as
-# DiT (~20 s as SiT), which `dit demo`'s 3 minutes can take; 500 real digits score ~3 against the
-# same statistics (benchmarks/RESULTS.md).
-DEMO_FID_SAMPLES = 500
+# The samples at the end: FID against all 1,797 real digits (digit network), the share a digit classifier
+# recognises, and the grid, all from one batch drawn as the run recommends (the `sample:` section).
+DEMO_FID_SAMPLES = 1000
+# Post-hoc EMA: the two widths EDM2 tracks. The main model samples with the 0.05 profile at the last step,
+# the autoguidance guide with the 0.10 profile at half the run; both are tracked widths at snapshot steps,
+# so `dit ema` rebuilds them exactly. Chosen on seed 0 from a sweep of widths 0.02..0.18 (benchmarks/RESULTS.md).
+DEMO_PHEMA_STDS = (0.05, 0.10)
+MAIN_STD, GUIDE_STD = 0.05, 0.10
+# Snapshots: six per run (the guide's step is the third), 11 MB each in fp16.
+SNAPSHOTS = 6
 
 
 def demo_steps(objective=DEMO_OBJECTIVE, steps=None) -> int:
@@ -31,6 +39,32 @@ def demo_steps(objective=DEMO_OBJECTIVE, steps=None) -> int:
     if objective not in DEMO_STEPS:
         raise ConfigError(f"demo objective {objective!r} is not one of {sorted(DEMO_STEPS)}")
     return DEMO_STEPS[objective] if steps is None else steps
+
+
+def snapshot_every(steps: int) -> int:
+    """Steps between post-hoc EMA snapshots of a demo run of `steps` steps."""
+    return max(1, steps // SNAPSHOTS)
+
+
+def guide_step(steps: int) -> int:
+    """The autoguidance guide's step: the snapshot halfway through the run."""
+    return snapshot_every(steps) * (SNAPSHOTS // 2)
+
+
+def recommended_sampling(objective: str, steps: int) -> dict:
+    """The `sample:` section the demo records: how its samples are drawn (chosen on seed 0, reported on seed 1:
+    benchmarks/RESULTS.md, "Guidance and post-hoc EMA on the digits")."""
+    from dit_trainer.phema.paths import phema_folder
+
+    guide = phema_folder(".", GUIDE_STD, guide_step(steps)).relative_to(".").as_posix()
+    # The guide is the run halfway (its 0.10 profile): autoguidance weight 2 with a touch of classifier-free
+    # guidance (1.1), both only above noise level 1, where the digit's shape is decided: recognised as often
+    # as guidance 1.2 everywhere, at a lower FID and with more variety.
+    common = {"guide": guide, "guide_scale": 2.0, "guidance_interval": [1.0, float("inf")], "cfg_scale": 1.1,
+              "ema_std": MAIN_STD}
+    if objective == "transport":
+        return {**common, "steps": 9}  # 9 midpoint steps (16 evaluations per branch) scored as 25 did
+    return {**common, "sampler": "ddim", "steps": 16}  # the same network evaluations as DDIM
 
 
 def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE,
@@ -41,12 +75,13 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
     samples recognised (`python scripts/demo/demo_check.py` measures both). `objective="transport"`
     (SiT): a linear interpolant with velocity prediction, sampled by the probability-flow ODE;
     `"diffusion"` (DiT): Gaussian diffusion sampled by DDIM. `steps=None`: the objective's own.
+    `fid_samples` is the number of samples drawn at the end (`run_demo`); the config itself measures no FID.
     """
     steps = demo_steps(objective, steps)
     return {
         "output_dir": str(out),
         "objective": objective,
-        # A fixed-step 2nd-order ODE solver: logging.sample_steps (25) midpoint steps for 16x16 digits.
+        # A fixed-step 2nd-order ODE solver for 16x16 digits.
         "transport": {"path_type": "Linear", "prediction": "velocity", "ode_method": "midpoint"},
         "model": {"name": "DiT-S/4", "input_size": 16, "in_channels": 1, "num_classes": 10,
                   "depth": 4, "hidden_size": 192, "num_heads": 4, "learn_sigma": False, "class_dropout_prob": 0.1},
@@ -57,34 +92,90 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
         # 2e-3 rather than 1e-3: at 1,750 steps (guidance 12, no EMA) 100% recognised instead of 98%.
         "optim": {"lr": 2e-3, "warmup_steps": 100, "max_grad_norm": 1.0},
         # fp32: bf16 autocast is no faster at width 192 on the 2-core CPU (0.116 vs 0.118 s/step).
-        # No EMA (decay 0: the EMA is the raw weights): the model still improves fast at the end of
-        # so short a run, and averaging lags it (1,750 steps, guidance 12: 95% with decay 0.99,
-        # 98% without; 1,600 steps: 88% with 0.995, 96% without).
+        # The EMA that samples is the post-hoc one (its width chosen after training); the fixed EMA is
+        # left off (decay 0: ema.safetensors holds the raw weights), since no fixed width is right for both
+        # the main model and its guide.
         "train": {"max_steps": int(steps), "global_batch_size": 64, "seed": int(seed), "mixed_precision": "fp32",
-                  "ema_decay": 0.0, "ema_warmup": True},
+                  "ema_decay": 0.0, "ema_warmup": True, "phema_stds": list(DEMO_PHEMA_STDS),
+                  "phema_every": snapshot_every(int(steps))},
         "checkpoint": {"save_steps": 1000, "save_total_limit": 1},
-        # 25 DDIM steps scored as 50 and 100 did, in half the sampling time. Guidance 4: on this
-        # config's model 4, 6, 8 and 12 all gave 100%, and 4 keeps the most variety within a row.
         "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 25,
                     "sample_cfg_scale": 4.0, "samples_per_class": 10},
-        # FID against the real digits (the digit network) once, at the last step; 0 samples: none.
-        "eval": {"every": int(steps) if fid_samples else 0, "num_samples": int(fid_samples or DEMO_FID_SAMPLES),
-                 "sample_batch_size": 250,
-                 "sample_steps": 25, "cfg_scale": 1.0},
+        "sample": recommended_sampling(objective, int(steps)),
     }
+
+
+def _sampling_args(out, num_samples, device, progress):
+    """`dit sample-ddp`'s flags for the demo's batch: everything else from the run's `sample:` section."""
+    from dit_trainer.cli import build_parser
+
+    return build_parser().parse_args(["sample-ddp", "--ckpt", str(out), "--npz", str(Path(out) / "samples.npz"),
+                                      "--num-samples", str(num_samples), "--batch-size", "250",
+                                      "--device", str(device), "--overwrite", *([] if progress else ["--no-progress"])])
+
+
+def draw_recommended(out, num_samples, device, progress=False):
+    """(the samples .npz, the resolved sampling flags): `num_samples` drawn as the run in `out` recommends,
+    its post-hoc EMA widths rebuilt first (the main model's at the last step, the guide's halfway)."""
+    from dit_trainer import checkpoint
+    from dit_trainer.phema import reconstruct
+    from dit_trainer.sample.cli import fid_settings, load_vae, prepare_sampling
+    from dit_trainer.sample.fid_batch import write_fid_batch
+
+    reader = checkpoint.open(out)
+    cfg = reader.config()
+    step = cfg.train.max_steps
+    reconstruct(out, [MAIN_STD], at_step=step)
+    reconstruct(out, [GUIDE_STD], at_step=guide_step(step))
+    sampling = prepare_sampling(_sampling_args(out, num_samples, device, progress), reader, device)
+    load_vae(sampling.args, sampling)
+    return write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling), sampling.args
+
+
+def measure(npz, device, progress=False) -> dict:
+    """FID, precision and recall of a samples .npz against all real digits (digit network), and the share a
+    digit classifier recognises as the class asked for."""
+    import numpy as np
+
+    from dit_trainer.data.digits import classify_images
+    from dit_trainer.evaluate.evaluator import DIGITS_REF, evaluate
+    from dit_trainer.sample.images import from_adm_images
+
+    result = evaluate(npz, DIGITS_REF, "digits", device=device, progress=progress)
+    with np.load(npz) as f:
+        images, labels = from_adm_images(f["arr_0"], channels=1), f["arr_1"]
+    recognised = float((classify_images(images) == labels).mean())
+    return {**{k: result[k] for k in ("fid", "precision", "recall")}, "recognised": recognised,
+            "fid_samples": result["num_samples"]}
+
+
+def grid_of(npz, path, per_class):
+    """The first `per_class` samples of each class of an ADM .npz, one row per class, enlarged 4x."""
+    import numpy as np
+    from PIL import Image
+
+    from dit_trainer.sample.images import from_adm_images, save_grid
+
+    with np.load(npz) as f:
+        images, labels = f["arr_0"], f["arr_1"]
+    rows = [np.flatnonzero(labels == c)[:per_class] for c in range(10)]
+    order = np.concatenate([r for r in rows if len(r)])
+    grid = save_grid(from_adm_images(images[order], channels=1), path, nrow=per_class)
+    # 16-pixel digits are too small to judge on screen: enlarge 4x without smoothing.
+    with Image.open(grid) as im:
+        im.resize((im.width * 4, im.height * 4), Image.NEAREST).save(grid)
+    return grid
 
 
 def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True,
              objective=DEMO_OBJECTIVE, fid_samples=DEMO_FID_SAMPLES) -> dict:
-    """Train (FID at the end), then write samples.png, samples.npz (ADM format) and loss.png into `out`; returns a summary
-    (only `stopped`, `steps` and `train_seconds` when a signal stopped the training)."""
-    import numpy as np
-    import torch
-
+    """Train, rebuild the post-hoc EMA, draw `fid_samples` samples as the run recommends (samples.npz, ADM
+    format), score them (FID, precision, recall, recognised) and write samples.png and loss.png into `out`;
+    returns a summary (only `stopped`, `steps` and `train_seconds` when a signal stopped the training)."""
     from dit_trainer.config import build_config
     from dit_trainer.host_memory import keep_freed_memory_on
-    from dit_trainer.sample import sample_latents, save_grid, save_npz
     from dit_trainer.train import DiTTrainer
+    from dit_trainer.train.metrics import read_metrics
 
     out = Path(out)
     cfg = build_config(demo_config(out, steps, seed, objective, fid_samples))
@@ -99,39 +190,28 @@ def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True
         return {"stopped": True, "steps": trainer.step, "train_seconds": train_s}
     # A finished run in `out` is resumed and sampled again without a step, and logs nothing.
     already_finished = not metrics and trainer.step >= cfg.train.max_steps
-
-    labels = [c for c in range(10) for _ in range(per_class)]
-    with torch.autocast(trainer.device.type, dtype=trainer.amp_dtype, enabled=trainer.amp_dtype is not None):
-        # The objective's default sampler: DDIM for diffusion, the ODE for transport.
-        images = sample_latents(trainer.ema_model(), trainer.objective, labels, cfg_scale=cfg.logging.sample_cfg_scale,
-                                steps=cfg.logging.sample_steps, seed=seed, device=trainer.device, progress=progress)
-    images = images.float().clamp(-1, 1).cpu()
-    grid = save_grid(images, out / "samples.png", nrow=per_class)
-    # 16-pixel digits are too small to judge on screen: enlarge 4x without smoothing.
-    from PIL import Image
-
-    with Image.open(grid) as im:
-        im.resize((im.width * 4, im.height * 4), Image.NEAREST).save(grid)
-    # The ADM format of every samples .npz (uint8 N×H×W×3 `arr_0`, labels `arr_1`): `dit eval` reads it as is.
-    save_npz(out / "samples.npz", images, np.asarray(labels, dtype=np.int64))
+    num = int(fid_samples) if fid_samples else 10 * per_class
+    npz, sampled = draw_recommended(out, num, trainer.device, progress)
+    grid = grid_of(npz, out / "samples.png", per_class)
     family = "SiT" if objective == "transport" else "DiT"
     loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title=f"dit demo: {family} on scikit-learn digits")
     summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step,
-               "already_finished": already_finished}
-    from dit_trainer.train.metrics import read_metrics
-
-    # From the file, so a finished run sampled again still reports the FID it logged.
-    fids = [r for r in read_metrics(out / "metrics.jsonl") if r.get("fid") is not None]
-    if fids:
-        summary.update(fid=fids[-1]["fid"], fid_step=fids[-1]["step"], fid_samples=cfg.eval.num_samples)
-    try:
-        from dit_trainer.data.digits import classify_images
-
-        pred = classify_images(images.numpy())
-        summary["recognised"] = float((pred == np.asarray(labels)).mean())
-    except Exception:  # the check is a courtesy; a missing scikit-learn must not fail the demo
-        pass
+               "already_finished": already_finished, "sampling": describe(sampled), "num_samples": num}
+    if fid_samples:
+        scores = measure(npz, trainer.device)
+        summary.update(scores)
+        logged = [r for r in read_metrics(out / "metrics.jsonl") if r.get("step") == trainer.step and "fid" in r]
+        if not logged:  # once per run: a finished run sampled again logs nothing new
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": trainer.step, **scores, "sampling": summary["sampling"]}) + "\n")
     return summary
+
+
+def describe(args) -> str:
+    """The sampling settings of resolved flags, in words."""
+    from dit_trainer.sample.sweep import describe as spec
+
+    return f"{spec(args)}, {args.steps} steps"
 
 
 def add_commands(sub) -> None:
@@ -144,7 +224,8 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of data order, noise and weights")
     p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid")
     p.add_argument("--fid-samples", type=int, default=DEMO_FID_SAMPLES,
-                   help="samples for the FID against the real digits at the end (digit network); 0: none")
+                   help="samples drawn at the end as the run recommends, scored (FID against the real digits with "
+                        "the digit network, precision, recall, recognised); 0: only the grid's, unscored")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--objective", choices=("diffusion", "transport"), default=DEMO_OBJECTIVE,
                    help="interpolant transport (SiT, the default) or Gaussian diffusion (DiT)")
@@ -153,8 +234,8 @@ def add_commands(sub) -> None:
 
 def run(args) -> int:
     """Run the demo and say where its pictures are."""
-    if args.fid_samples != 0 and args.fid_samples < 2:
-        raise ConfigError(f"--fid-samples is {args.fid_samples}; FID needs at least 2 samples (0: no FID)")
+    if args.fid_samples != 0 and args.fid_samples < 10:
+        raise ConfigError(f"--fid-samples is {args.fid_samples}; the scores need at least 10 samples (0: none)")
     steps = demo_steps(args.objective, args.steps)
     summary = run_demo(args.out, steps, args.seed, args.per_class, progress=not args.no_progress,
                        objective=args.objective, fid_samples=args.fid_samples)
@@ -166,10 +247,11 @@ def run(args) -> int:
         print(f"{args.out} holds a finished run of {summary['steps']} steps: no training, sampled it again")
     else:
         print(f"trained {summary['steps']} steps in {summary['train_seconds']:.0f} s")
-    if "recognised" in summary:
-        print(f"a digit classifier trained on the real digits recognises {summary['recognised']:.0%} of the samples")
+    print(f"sampled {summary['num_samples']} as the run recommends ({summary['sampling']}; its sample: section)")
     if "fid" in summary:
-        print(f"FID against the real digits (digit network, {summary['fid_samples']} unguided samples at step "
-              f"{summary['fid_step']}): {summary['fid']:.2f}")
+        print(f"a digit classifier trained on the real digits recognises {summary['recognised']:.1%} of them")
+        print(f"FID against the real digits (digit network, {summary['fid_samples']} samples at step "
+              f"{summary['steps']}): {summary['fid']:.2f} (precision {summary['precision']:.2f}, recall "
+              f"{summary['recall']:.2f})")
     print(f"samples: {summary['samples']}\nloss curve: {summary['loss_plot']}")
     return 0
