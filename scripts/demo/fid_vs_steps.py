@@ -5,9 +5,10 @@
 First the yardsticks: 500 real digits against all 1,797 (the demo's reference), 1,000 real digits (a
 fixed random draw) split in two halves of 500, and 500 real digits against 500 uniform-noise images.
 Then it trains the demo once per step count (its config, seed 0), draws per-class × 10 samples as
-the demo does (DDIM 25, guidance 4), writes them as arr_0 uint8 N×16×16×3 and runs `dit eval
---network digits --ref digits` on them; then samples the same number with `dit sample-ddp` (uniform
-labels, guidance 1.5, DDIM 50) and evaluates those. Prints two lines per step count.
+the demo does (as the run recommends: its `sample:` section), and runs `dit eval --network digits
+--ref digits` on them; then samples the same number with `dit sample-ddp` at the field's fixed
+measure (guidance 1.5 alone, the checkpoint's own EMA weights, 25 steps) and evaluates those. Prints
+two lines per step count.
 """
 
 import argparse
@@ -61,22 +62,23 @@ def main():
     rows = []
     for steps in args.steps:
         out = pathlib.Path(args.out) / f"steps-{steps}"
-        summary = run_demo(out, steps=steps, per_class=args.per_class, progress=False)
-        # The demo's samples.npz is the ADM format `dit eval` reads.
+        summary = run_demo(out, steps=steps, per_class=args.per_class, progress=False, fid_samples=10 * args.per_class)
+        # The demo's samples.npz (drawn as the run recommends) is the ADM format `dit eval` reads.
         m = evaluate(out / "samples.npz", "digits", network="digits", device="cpu", progress=False)
         m.update(steps=steps, train_seconds=round(summary["train_seconds"]), recognised=summary.get("recognised"))
         rows.append(m)
-        print(f"steps {steps}, the demo's grid (guidance 4, class-sorted): FID {m['fid']:.2f}  sFID {m['sfid']:.2f}  "
+        print(f"steps {steps}, the demo's samples ({summary['sampling']}): FID {m['fid']:.2f}  sFID {m['sfid']:.2f}  "
               f"IS {m['inception_score']:.2f}  precision {m['precision']:.3f}  recall {m['recall']:.3f}  "
               f"(SVC recognises {m['recognised']:.0%}, {m['num_samples']} samples, trained {m['train_seconds']} s)",
               flush=True)
-        # The measurement as it is made for a paper: sample-ddp (uniform labels, guidance 1.5), then eval.
+        # The field's fixed measure: sample-ddp with guidance 1.5 alone (no guide, no interval, the checkpoint's
+        # own EMA weights), then eval.
         from dit_trainer.cli import main as dit
 
         npz = out / "eval.npz"
         dit(["sample-ddp", "--ckpt", str(out), "--npz", str(npz), "--num-samples", str(10 * args.per_class),
-             "--batch-size", "250", "--cfg-scale", "1.5", "--sampler", "ddim", "--steps", "50", "--device", "cpu",
-             "--no-progress"])
+             "--batch-size", "250", "--cfg-scale", "1.5", "--guide-scale", "1", "--guidance-interval", "0", "inf",
+             "--ema-std", "none", "--steps", "25", "--device", "cpu", "--no-progress"])
         e = evaluate(npz, "digits", network="digits", device="cpu", progress=False)
         e.update(steps=steps, protocol="sample-ddp cfg 1.5")
         rows.append(e)
