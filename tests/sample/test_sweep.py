@@ -35,7 +35,7 @@ def test_a_sweep_measures_each_setting_against_one_reference(run, tmp_path, caps
     assert main(argv) == 0
     printed = capsys.readouterr().out
     rows = json.loads(rows_file.read_text())
-    assert [r["guidance"] for r in rows] == ["cfg=1,interval=0:inf", "cfg=1,guide=1,w=2.5,interval=0:inf",
+    assert [r["guidance"] for r in rows] == ["cfg=1", "cfg=1,guide=1,w=2.5",
                                              "cfg=2,interval=0.5:inf"]
     # The recommended autoguidance costs a guide pass per step; an interval skips the null-label pass outside it.
     assert rows[1]["nfe"] == 2 * rows[0]["nfe"] and rows[0]["nfe"] < rows[2]["nfe"] < 2 * rows[0]["nfe"]

@@ -58,8 +58,8 @@ def describe(args) -> str:
     parts = [f"cfg={args.cfg_scale:g}"]
     if args.guide is not None:
         parts += [f"guide={args.guide}", f"w={args.guide_scale:g}"]
-    if args.guidance_interval is not None:
-        lo, hi = args.guidance_interval
+    lo, hi = args.guidance_interval or (0, math.inf)
+    if lo > 0 or not math.isinf(hi):  # (0, inf] holds every noise level: no interval
         parts.append(f"interval={lo:g}:{'inf' if math.isinf(hi) else f'{hi:g}'}")
     if args.ema_std is not None:
         parts.append(f"ema={args.ema_std:g}")
