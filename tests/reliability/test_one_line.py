@@ -95,7 +95,8 @@ def test_eval_object_statistics_and_zero_batch(tmp_path, capsys):
     samples, ref = tmp_path / "s.npz", tmp_path / "ref.npz"
     np.savez(samples, arr_0=np.zeros((12, 8, 8, 3), np.uint8))
     np.savez(ref, mu=np.zeros(4, dtype=object), sigma=np.zeros((4, 4)), mu_s=np.zeros(4), sigma_s=np.zeros((4, 4)))
-    _one_line(*_dit(capsys, "eval", "--samples", samples, "--ref", ref, "--network", "digits"), "Object arrays")
+    _one_line(*_dit(capsys, "eval", "--samples", samples, "--ref", ref, "--network", "digits"),
+              "holds Python objects (object), which are never unpickled")
     _one_line(*_dit(capsys, "eval", "--samples", samples, "--ref", "digits", "--network", "digits", "--batch-size", "0"),
               "--batch-size is 0")
 

@@ -56,11 +56,11 @@ def test_one_process_then_resume(ckpt, tmp_path, monkeypatch, capsys):
     first = data["arr_0"].copy()
     save, saved = writer._save_chunk, []
 
-    def stop_after_two(path, images, labels):
+    def stop_after_two(path, *chunk):
         if len(saved) == 2:
             raise KeyboardInterrupt
         saved.append(path.name)
-        save(path, images, labels)
+        save(path, *chunk)
 
     monkeypatch.setattr(writer, "_save_chunk", stop_after_two)
     again = tmp_path / "again.npz"
@@ -94,11 +94,11 @@ def _interrupt(monkeypatch, argv, after=1):
 
     save, saved = writer._save_chunk, []
 
-    def stop(path, images, labels):
+    def stop(path, *chunk):
         if len(saved) == after:
             raise KeyboardInterrupt
         saved.append(path.name)
-        save(path, images, labels)
+        save(path, *chunk)
 
     monkeypatch.setattr(writer, "_save_chunk", stop)
     assert main(["sample-ddp", *argv]) == 130
