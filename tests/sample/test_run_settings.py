@@ -163,3 +163,12 @@ def test_keep_steps_survive_rotation(tmp_path):
                         keep=2, keep_steps=(1,))
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert names == ["step-00000001", "step-00000003", "step-00000004"]
+
+
+def test_a_post_hoc_ema_not_rebuilt_yet_says_how_to_rebuild_it(run, tmp_path, capsys):
+    folder, _, _ = run
+    code = main(["sample", "--ckpt", str(folder), "--class-labels", "1", "--ema-std", "0.07", "--device", "cpu",
+                 "--no-progress", "--out", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "std0.070-step00000002 does not exist" in err and "dit ema" in err and "--at 2" in err
+    assert "\n" not in err

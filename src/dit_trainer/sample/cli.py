@@ -220,7 +220,7 @@ def prepare_sampling(args, ckpt, device, rank=0) -> SamplingRun:
     given_guide = args.guide is not None
     args = copy.copy(args)  # the caller's flags stay as typed: a second call resolves them alike
     apply_recommended(args, reader.config(), args.release_cfg_scale)
-    reader = ema_reader(reader, args.ema_std) if reader.folder is not None else reader
+    reader = ema_reader(reader, args.ema_std)
     model, cfg = load_sampling_model(args, reader)
     check_cfg_channels(args, model)
     model.to(device)
