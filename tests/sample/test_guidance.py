@@ -10,7 +10,8 @@ from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.models import get_spec
 from dit_trainer.objective import build_objective
-from dit_trainer.sample.guidance import Guidance, check_interval, guided_model_fn
+from dit_trainer.config.checks import guidance_interval as check_interval
+from dit_trainer.sample.guidance import Guidance, guided_model_fn
 from dit_trainer.sample.sampling import sample_latents
 
 pytestmark = pytest.mark.usefixtures("one_thread")

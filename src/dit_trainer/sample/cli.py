@@ -127,9 +127,9 @@ def check_args(args) -> None:
     if args.cfg_scale is not None and (not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale)):
         raise ConfigError(f"--cfg-scale is {args.cfg_scale}; it must be a number >= 1 (1 disables guidance)")
     if args.guidance_interval is not None:
-        from dit_trainer.sample.guidance import check_interval
+        from dit_trainer.config.checks import guidance_interval
 
-        check_interval(args.guidance_interval, "--guidance-interval")
+        guidance_interval(args.guidance_interval, "--guidance-interval")
     for flag in ("--per-class", "--steps", "--num-samples", "--batch-size", "--cfg-channels", "--nrow", "--image-size",
                  "--num-classes"):
         value = getattr(args, flag[2:].replace("-", "_"), None)

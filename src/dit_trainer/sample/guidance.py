@@ -21,7 +21,6 @@ from typing import Optional
 
 import torch
 
-from dit_trainer.config.checks import guidance_interval
 from dit_trainer.errors import ConfigError
 
 
@@ -57,11 +56,6 @@ class Guidance:
                 (True, True): "cfg+autoguidance"}[(self.doubled, self.guide is not None)]
 
 
-def check_interval(value, flag: str):
-    """(sigma_lo, sigma_hi) from a flag or config value, or None; one line naming `flag` when it is not one."""
-    return guidance_interval(value, flag)
-
-
 def _channels(model, guidance: Guidance) -> int:
     """The output channels guidance mixes: `cfg_channels`, else every predicted channel (a learned sigma passes through)."""
     return int(guidance.cfg_channels) if guidance.cfg_channels is not None else int(model.in_channels)
@@ -70,7 +64,7 @@ def _channels(model, guidance: Guidance) -> int:
 def _mix(cond, uncond, guide, guidance: Guidance, channels: int):
     """The guided prediction from the conditional one and whichever of uncond / guide is there."""
     out = cond.clone()
-    c, g = cond[:, :channels], None
+    c = cond[:, :channels]
     mixed = c.clone()
     if uncond is not None:
         mixed = mixed + (float(guidance.cfg_scale) - 1.0) * (c - uncond[:, :channels])

@@ -76,7 +76,8 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     for diffusion, solver settings for transport). `compile` compiles the model's forward in place
     first (once per model; see `dit_trainer.sample.compile`).
     """
-    from dit_trainer.sample.guidance import Guidance, check_interval
+    from dit_trainer.config.checks import guidance_interval as checked_interval
+    from dit_trainer.sample.guidance import Guidance
 
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
@@ -96,7 +97,7 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     guidance = Guidance(float(cfg_scale), guide, float(guide_scale),
-                        check_interval(guidance_interval, "guidance_interval"), cfg_channels)
+                        checked_interval(guidance_interval, "guidance_interval"), cfg_channels)
     fn, kwargs, doubled = guided_model_fn(model, y.to(device), guidance, objective, counter)
     if doubled:
         z = torch.cat([z, z])
