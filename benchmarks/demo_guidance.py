@@ -14,6 +14,7 @@ labels as the class asked for. Finished batches are reused when OUT already hold
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,18 +33,6 @@ def specs(guide: str) -> list:
             f"guide={guide},w=3,interval=1:inf,{ema}", f"cfg=1.1,guide={guide},w=2,interval=1:inf,{ema}"]
 
 
-def recognised(npz) -> float:
-    """The share of a digits batch that the real-digit classifier labels as its class."""
-    import numpy as np
-
-    from dit_trainer.data.digits import classify_images
-    from dit_trainer.sample.images import from_adm_images
-
-    with np.load(npz) as f:
-        images, labels = from_adm_images(f["arr_0"], channels=1), f["arr_1"]
-    return float((classify_images(images) == labels).mean())
-
-
 def main(argv=None) -> int:
     """Run the sweep, add the recognised share, print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,7 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=9, help="midpoint steps of every row")
     args = p.parse_args(argv)
     from dit_trainer.config import build_config
-    from dit_trainer.demo import GUIDE_STD, guide_step
+    from dit_trainer.demo import GUIDE_STD, guide_step, recognised
     from dit_trainer.phema import phema_folder
 
     run, out = Path(args.run).resolve(), Path(args.out)
@@ -65,10 +54,7 @@ def main(argv=None) -> int:
            "--device", "cpu", "--no-progress", "--ref", "digits", "--network", "digits", "--json", str(rows_file),
            "--cfg-scale", "1", "--guide-scale", "1", "--guidance-interval", "0", "inf",
            "--guidance", *specs(str(guide))]
-    env = {"PYTHONPATH": str(ROOT / "src")}
-    import os
-
-    done = subprocess.run(cmd, env={**os.environ, **env})
+    done = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     if done.returncode:
         return done.returncode
     rows = json.loads(rows_file.read_text())

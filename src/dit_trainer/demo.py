@@ -132,20 +132,26 @@ def draw_recommended(out, num_samples, device, progress=False):
     return write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling), sampling.args
 
 
-def measure(npz, device, progress=False) -> dict:
-    """FID, precision and recall of a samples .npz against all real digits (digit network), and the share a
-    digit classifier recognises as the class asked for."""
+def recognised(npz) -> float:
+    """The share of a digits .npz (ADM format, labels in arr_1) that a classifier fit on the real digits labels
+    as the class asked for."""
     import numpy as np
 
     from dit_trainer.data.digits import classify_images
-    from dit_trainer.evaluate.evaluator import DIGITS_REF, evaluate
     from dit_trainer.sample.images import from_adm_images
 
-    result = evaluate(npz, DIGITS_REF, "digits", device=device, progress=progress)
     with np.load(npz) as f:
         images, labels = from_adm_images(f["arr_0"], channels=1), f["arr_1"]
-    recognised = float((classify_images(images) == labels).mean())
-    return {**{k: result[k] for k in ("fid", "precision", "recall")}, "recognised": recognised,
+    return float((classify_images(images) == labels).mean())
+
+
+def measure(npz, device, progress=False) -> dict:
+    """FID, precision and recall of a samples .npz against all real digits (digit network), and the share
+    recognised."""
+    from dit_trainer.evaluate.evaluator import DIGITS_REF, evaluate
+
+    result = evaluate(npz, DIGITS_REF, "digits", device=device, progress=progress)
+    return {**{k: result[k] for k in ("fid", "precision", "recall")}, "recognised": recognised(npz),
             "fid_samples": result["num_samples"]}
 
 

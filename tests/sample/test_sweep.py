@@ -54,3 +54,13 @@ def test_guidance_without_a_reference_is_refused_in_one_line(run, tmp_path, caps
     assert main(["sample-ddp", "--ckpt", str(folder), "--npz", str(tmp_path / "s.npz"), "--guidance", "cfg=2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "add --ref REF" in err and "\n" not in err
+
+
+def test_a_spec_weight_out_of_range_is_refused_before_any_sampling(run, tmp_path, capsys):  # noqa: F811
+    folder, _, _ = run
+    out = tmp_path / "s.npz"
+    assert main(["sample-ddp", "--ckpt", str(folder), "--npz", str(out), "--device", "cpu", "--no-progress",
+                 "--ref", "digits", "--network", "digits", "--guidance", "cfg=1", "w=0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--guide-scale is 0.5; it must be a number >= 1" in err and "\n" not in err
+    assert not batch_path(out, "cfg=1").exists()

@@ -126,6 +126,8 @@ def check_args(args) -> None:
     """One-line errors for values no sampling can use (checked before the model loads)."""
     if args.cfg_scale is not None and (not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale)):
         raise ConfigError(f"--cfg-scale is {args.cfg_scale}; it must be a number >= 1 (1 disables guidance)")
+    if args.guide_scale is not None and not (args.guide_scale >= 1 and math.isfinite(args.guide_scale)):
+        raise ConfigError(f"--guide-scale is {args.guide_scale}; it must be a number >= 1 (1: no autoguidance)")
     if args.guidance_interval is not None:
         from dit_trainer.config.checks import guidance_interval
 

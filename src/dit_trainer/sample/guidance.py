@@ -50,11 +50,6 @@ class Guidance:
         """Whether any guidance applies."""
         return self.doubled or self.guide is not None
 
-    def kind(self) -> str:
-        """none, cfg, autoguidance or cfg+autoguidance."""
-        return {(False, False): "none", (True, False): "cfg", (False, True): "autoguidance",
-                (True, True): "cfg+autoguidance"}[(self.doubled, self.guide is not None)]
-
 
 def _channels(model, guidance: Guidance) -> int:
     """The output channels guidance mixes: `cfg_channels`, else every predicted channel (a learned sigma passes through)."""

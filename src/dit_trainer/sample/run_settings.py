@@ -6,13 +6,15 @@ Also where the two checkpoints besides the main one come from: the post-hoc EMA 
 same run or another run), refused in one line when it does not fit the main model.
 """
 
+import dataclasses
 import math
 from pathlib import Path
 
+from dit_trainer.config import SampleConfig
 from dit_trainer.errors import CheckpointError, ConfigError
 
-# The flags a run's `sample:` section supplies when they are not given, by the section's key.
-RECOMMENDED = ("cfg_scale", "guide", "guide_scale", "guidance_interval", "ema_std", "sampler", "steps")
+# The flags a run's `sample:` section supplies when they are not given: one per key of the section.
+RECOMMENDED = tuple(f.name for f in dataclasses.fields(SampleConfig))
 
 
 def run_folder(reader):
@@ -46,12 +48,9 @@ def apply_recommended(args, cfg, release_cfg_scale: float) -> None:
         args.cfg_scale = release_cfg_scale
     if isinstance(args.ema_std, str):
         args.ema_std = None if args.ema_std.lower() == "none" else _positive(args.ema_std, "--ema-std")
-    if not args.cfg_scale >= 1 or not math.isfinite(args.cfg_scale):
-        raise ConfigError(f"--cfg-scale is {args.cfg_scale}; it must be a number >= 1 (1 disables guidance)")
+    # The values themselves were checked where they came from: the flags by `check_args`, the run's by its config.
     if args.guide is not None and args.guide_scale is None:
         raise ConfigError("--guide needs --guide-scale W, the autoguidance weight (e.g. 2.0; 1 turns it off)")
-    if args.guide_scale is not None and not (args.guide_scale >= 1 and math.isfinite(args.guide_scale)):
-        raise ConfigError(f"--guide-scale is {args.guide_scale}; it must be a number >= 1 (1: no autoguidance)")
     if args.guide_scale is None or args.guide_scale == 1:
         args.guide, args.guide_scale = None, 1.0
 

@@ -71,15 +71,20 @@ def run_sweep(args, reader, device, ranks, sample_batch) -> list:
     reader)` on every rank, then measure each on rank 0; one row per SPEC there (an empty list elsewhere)."""
     import numpy as np
 
+    from dit_trainer.sample.cli import check_args
+
     specs = args.guidance or [""]
-    parsed = [parse_spec(s) for s in specs]  # every SPEC checked before minutes of sampling
-    measure = _measurer(args, device) if ranks.rank == 0 else None
-    rows = []
-    for text, values in zip(specs, parsed):
+    runs = []
+    for text in specs:  # every SPEC checked before minutes of sampling
         flags = copy.copy(args)
-        for dest, value in values.items():
+        for dest, value in parse_spec(text).items():
             setattr(flags, dest, value)
         flags.npz = str(batch_path(args.npz, text))
+        check_args(flags)
+        runs.append((text, flags))
+    measure = _measurer(args, device) if ranks.rank == 0 else None
+    rows = []
+    for text, flags in runs:
         sampling, npz = sample_batch(flags, reader)
         if measure is None:
             continue
