@@ -172,3 +172,12 @@ def test_a_post_hoc_ema_not_rebuilt_yet_says_how_to_rebuild_it(run, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert code == 2 and "std0.070-step00000002 does not exist" in err and "dit ema" in err and "--at 2" in err
     assert "\n" not in err
+
+
+def test_a_recommended_ema_width_must_be_one_a_post_hoc_ema_can_have():
+    from dit_trainer.errors import ConfigError
+
+    assert _cfg({"ema_std": 0.05}).sample.ema_std == 0.05
+    for bad in (0.0, 0.3, float("nan")):
+        with pytest.raises(ConfigError, match=r"^sample.ema_std is .*; it must be a post-hoc EMA width sigma_rel in"):
+            _cfg({"ema_std": bad})

@@ -112,12 +112,12 @@ def guidance_interval(value, key: str):
     return lo, hi
 
 
-def check_guidance(section, prefix: str, guide_key: str = "guide") -> None:
+def check_guidance(section, prefix: str) -> None:
     """A section's guidance keys (`sample.*`, `eval.*`): weights in range, a guide with its weight, an interval."""
     scale = getattr(section, "cfg_scale", None)
     if scale is not None and not scale >= 1:
         raise ConfigError(f"{prefix}.cfg_scale is {scale!r}; it must be 1 (no guidance) or more")
-    guide, weight = getattr(section, guide_key), section.guide_scale
+    guide, weight = section.guide, section.guide_scale
     if weight is not None and not (weight >= 1 and math.isfinite(weight)):
         raise ConfigError(f"{prefix}.guide_scale is {weight!r}; it must be a number >= 1 (1: no autoguidance)")
     if guide is not None and weight is None:
@@ -160,8 +160,9 @@ def check_values(cfg) -> None:
     check_guidance(cfg.sample, "sample")
     check_guidance(cfg.eval, "eval")
     s = cfg.sample
-    if s.ema_std is not None and not (0 < s.ema_std and math.isfinite(s.ema_std)):
-        raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a positive sigma_rel such as 0.05")
+    if s.ema_std is not None and not 0 < s.ema_std < PHEMA_MAX_STD:
+        raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a post-hoc EMA width sigma_rel in "
+                          f"(0, {PHEMA_MAX_STD:.4f}), such as 0.05")
     if s.sampler is not None and s.sampler not in ("ddpm", "ddim", "ode", "sde"):
         raise ConfigError(f"sample.sampler {s.sampler!r} is not one of ddpm|ddim|ode|sde")
     if s.steps is not None and not s.steps >= 1:

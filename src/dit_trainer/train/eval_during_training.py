@@ -58,6 +58,7 @@ class TrainingFID:
             self.weights = fetch_inception_weights(progress=progress and dims.is_main)
         self.every_rank_samples = not dims.pp_enabled
         self.network = None
+        self._guide = None  # eval.guide's model, loaded at the first measurement that can have it
         self.reference = None
         failed = None
         if dims.is_main:
@@ -136,7 +137,7 @@ class TrainingFID:
         ev = self.cfg.eval
         if ev.guide is None:
             return None
-        if getattr(self, "_guide", None) is None:
+        if self._guide is None:
             from pathlib import Path
 
             from dit_trainer.sample.run_settings import guide_path, load_guide
