@@ -106,7 +106,8 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
 
 
 def _sampling_args(out, num_samples, device, progress):
-    """`dit sample-ddp`'s flags for the demo's batch: everything else from the run's `sample:` section."""
+    """`dit sample-ddp`'s flags for the demo's batch: everything else from the run's `sample:` section. Its own
+    --seed (0) is left as it is, so runs of every `--seed` are compared on the same starting noise."""
     from dit_trainer.cli import build_parser
 
     return build_parser().parse_args(["sample-ddp", "--ckpt", str(out), "--npz", str(Path(out) / "samples.npz"),
@@ -227,7 +228,8 @@ def add_commands(sub) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps (default: {DEMO_STEPS['transport']} as SiT, {DEMO_STEPS['diffusion']} as DiT)")
     p.add_argument("--out", default="outputs/demo", help="output folder")
-    p.add_argument("--seed", type=int, default=0, help="seed of data order, noise and weights")
+    p.add_argument("--seed", type=int, default=0, help="seed of data order, training noise and weights (the samples at "
+                                                       "the end start from the same noise for every seed)")
     p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid")
     p.add_argument("--fid-samples", type=int, default=DEMO_FID_SAMPLES,
                    help="samples drawn at the end as the run recommends, scored (FID against the real digits with "
