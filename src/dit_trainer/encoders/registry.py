@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from dit_trainer.encoders.vit import VitShape
+from dit_trainer.encoders.shape import VitShape
 from dit_trainer.errors import ConfigError
 
 _SIZES = {  # letter: (embed_dim, depth, num_heads, swiglu, Hugging Face size word)
