@@ -46,6 +46,7 @@ def test_round_trip_gives_the_same_tensors_and_outputs(name):
 
 
 def test_wrapper_prefixes_are_stripped():
-    state = {"dinov2.embeddings.cls_token": torch.zeros(1), "dinov2.layernorm.weight": torch.zeros(1)}
+    state = {"dinov2.embeddings.cls_token": torch.zeros(1), "dinov2.layernorm.weight": torch.zeros(1),
+             "classifier.weight": torch.zeros(1)}  # Dinov2ForImageClassification's head is not the backbone's
     assert set(strip_prefixes(state)) == {"embeddings.cls_token", "layernorm.weight"}
     assert set(strip_prefixes({"backbone.cls_token": 1, "backbone.norm.weight": 2})) == {"cls_token", "norm.weight"}

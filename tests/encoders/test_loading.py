@@ -48,6 +48,17 @@ def test_torch_hub_file_and_transformers_folder_give_identical_outputs(tmp_path,
     assert not from_hf.training and not any(p.requires_grad for p in from_hf.parameters())
 
 
+def test_safetensors_file_in_either_layout_and_a_wrapped_bin(tmp_path):
+    source = tiny_encoder("dinov2_vitl14_reg")
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(tmp_path / "hub.safetensors"))
+    wrapped = {f"dinov2.{k}": v for k, v in hub_to_transformers(source.state_dict()).items()}
+    wrapped["classifier.weight"] = torch.zeros(3, 2 * source.embed_dim)
+    torch.save(wrapped, tmp_path / "pytorch_model.bin")
+    for path in ("hub.safetensors", "pytorch_model.bin"):
+        loaded = build_encoder("dinov2_vitl14_reg", weights=str(tmp_path / path), **TINY)
+        assert torch.equal(outputs(loaded), outputs(source))
+
+
 def test_a_cached_hugging_face_id_loads_from_the_cache(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
