@@ -50,3 +50,5 @@ def test_wrapper_prefixes_are_stripped():
              "classifier.weight": torch.zeros(1)}  # Dinov2ForImageClassification's head is not the backbone's
     assert set(strip_prefixes(state)) == {"embeddings.cls_token", "layernorm.weight"}
     assert set(strip_prefixes({"backbone.cls_token": 1, "backbone.norm.weight": 2})) == {"cls_token", "norm.weight"}
+    wrapped = {"dinov2_with_registers.embeddings.register_tokens": 1, "classifier.bias": 2}
+    assert set(strip_prefixes(wrapped)) == {"embeddings.register_tokens"}
