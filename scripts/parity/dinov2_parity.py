@@ -17,7 +17,9 @@ registers and conventions unchanged): the full model's 1.1 B parameters twice wo
 
 Rows (float32, CPU, one thread), each relative max difference max|ours − ref| / max|ref| of
 forward_features' keys, and max|ours − ref| in the note: at 518 px (the stored grid, no resampling),
-224 px (position embedding resampled 37 → 16) and a 224×168 non-square input. Bound 1e-5.
+224 px (position embedding resampled 37 → 16) and a 224×168 non-square input; and for ViT-S the
+same at 224 px under CPU bf16 autocast (group "autocast": the residual stream's dtype must follow
+dinov2's promotions). Bound 1e-5.
 
 Exit status: 0 when every row passes, 1 when any fails, 2 when the reference cannot be imported.
 """
@@ -32,7 +34,7 @@ import time
 import torch
 from common import Table, load_or_report, rel_diff
 
-BOUNDS = {"tokens": 1e-5}
+BOUNDS = {"tokens": 1e-5, "autocast": 1e-5}
 KEYS = ("x_norm_patchtokens", "x_norm_clstoken", "x_norm_regtokens", "x_prenorm")
 # (our name, overrides of our shape, the reference's entry point, its extra kwargs, sizes (H, W))
 CASES = [
@@ -102,18 +104,19 @@ def randomise_(model, seed):
             p.copy_(0.5 * noise)
 
 
-def compare(table, ours, ref, tag, sizes, seed):
-    """One row per forward_features key and input size."""
+def compare(table, ours, ref, tag, sizes, seed, autocast=False):
+    """One row per forward_features key and input size (under CPU bf16 autocast when `autocast`)."""
     g = torch.Generator().manual_seed(seed)
     for h, w in sizes:
         x = torch.randn(2, 3, h, w, generator=g)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             a, b = ours.forward_features(x), ref.forward_features(x)
         for key in KEYS:
             if key == "x_norm_regtokens" and ours.num_register_tokens == 0:
                 continue
             diff = (a[key] - b[key]).abs().max().item()
-            table.add("tokens", f"{tag} {h}x{w}: {key}", rel_diff(a[key], b[key]), f"max|diff| {diff:.1e}")
+            group = "autocast" if autocast else "tokens"
+            table.add(group, f"{tag} {h}x{w}: {key}", rel_diff(a[key], b[key]), f"max|diff| {diff:.1e}")
 
 
 def main(argv=None):
@@ -141,6 +144,8 @@ def main(argv=None):
             ours.load_state_dict(ref.state_dict(), strict=True)
             tag = name + (" (" + ", ".join(f"{k} {v}" for k, v in overrides.items()) + ")" if overrides else "")
             compare(table, ours, ref, tag, sizes, 100 + seed)
+            if not overrides and "vits" in name:
+                compare(table, ours, ref, tag, [(224, 224)], 200 + seed, autocast=True)
     print(table.render())
     failed = table.failed
     print(f"{len(table.rows) - len(failed)}/{len(table.rows)} rows pass in {time.time() - start:.1f} s")

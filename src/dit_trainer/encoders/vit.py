@@ -161,10 +161,12 @@ class DinoViT(nn.Module):
         """Class token, register tokens, then patch tokens, with position embeddings on class and patches."""
         b, _, h, w = x.shape
         x = self.patch_embed(x)
-        x = torch.cat([self.cls_token.expand(b, -1, -1).to(x.dtype), x], dim=1)
-        x = x + self.interpolate_pos_encoding(h, w).to(x.dtype)
+        # No casts: under autocast the float32 tokens promote the patch embedding's bf16 output, so the
+        # residual stream stays float32 as in dinov2.
+        x = torch.cat([self.cls_token.expand(b, -1, -1), x], dim=1)
+        x = x + self.interpolate_pos_encoding(h, w)
         if self.register_tokens is not None:
-            x = torch.cat([x[:, :1], self.register_tokens.expand(b, -1, -1).to(x.dtype), x[:, 1:]], dim=1)
+            x = torch.cat([x[:, :1], self.register_tokens.expand(b, -1, -1), x[:, 1:]], dim=1)
         return x
 
     def forward_features(self, x) -> dict:
