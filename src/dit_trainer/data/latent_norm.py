@@ -1,0 +1,36 @@
+"""Which per-channel statistics a run normalises its latents with, decided once when the config is
+built (`DataShapes`) and kept in the run's config.yaml, so sampling and export read them from there."""
+
+from dit_trainer.errors import ConfigError, DataError
+from dit_trainer.vae.latent_stats import check_stats
+
+
+def fill_latent_stats(cfg, given: frozenset, dataset, source: str) -> None:
+    """Set data.latent_mean/std from the shards' manifest where the data calls for them, or refuse in one
+    line latents of a VAE that needs statistics none were measured for."""
+    data = cfg.data
+    shape = getattr(dataset, "latent_shape", None)
+    if shape is None or data.path == "digits":
+        return  # pixels: no VAE, nothing to normalise
+    channels = int(shape[0])
+    manifest = getattr(dataset, "manifest", None) or {}
+    norm = data.latent_norm
+    if norm == "scale":
+        return
+    if norm == "auto" and "data.latent_mean" not in given:
+        recorded = manifest.get("latent_norm")
+        if recorded == "scale" or (recorded is None and channels == 4):
+            return  # the SD VAEs' calibrated scaling_factor: the latents as stored
+    if "data.latent_mean" not in given and manifest.get("latent_mean") is not None:
+        data.latent_mean, data.latent_std = list(manifest["latent_mean"]), list(manifest.get("latent_std") or [])
+        check_stats(data.latent_mean, data.latent_std, channels, source, DataError)
+        return
+    if data.latent_mean is None:
+        vae = manifest.get("vae") or data.vae
+        why = "data.latent_norm channel needs" if norm == "channel" else "latents of a VAE other than the 4-channel SD ones need"
+        raise DataError(f"{source} holds {channels}-channel latents{f' of {vae}' if vae else ''} without the per-channel "
+                        f"statistics {why}; re-run `dit extract` on the images (it records them in manifest.json), "
+                        f"or set data.latent_mean and data.latent_std ({channels} numbers each)")
+    if len(data.latent_mean) != channels:
+        raise ConfigError(f"data.latent_mean lists {len(data.latent_mean)} numbers but {source} holds {channels}-channel "
+                          f"latents; give one mean and one std per channel")
