@@ -27,9 +27,10 @@ def fill_latent_stats(cfg, given: frozenset, dataset, source: str) -> None:
         return
     if data.latent_mean is None:
         vae = manifest.get("vae") or data.vae
-        why = "data.latent_norm channel needs" if norm == "channel" else "latents of a VAE other than the 4-channel SD ones need"
-        raise DataError(f"{source} holds {channels}-channel latents{f' of {vae}' if vae else ''} without the per-channel "
-                        f"statistics {why}; re-run `dit extract` on the images (it records them in manifest.json), "
+        why = "data.latent_norm channel needs them" if norm == "channel" else \
+            "the latents of VAEs other than the 4-channel SD ones need them to train well"
+        raise DataError(f"{source} holds {channels}-channel latents{f' of {vae}' if vae else ''} but no per-channel "
+                        f"statistics ({why}); re-run `dit extract` on the images (it records them in manifest.json), "
                         f"or set data.latent_mean and data.latent_std ({channels} numbers each)")
     if len(data.latent_mean) != channels:
         raise ConfigError(f"data.latent_mean lists {len(data.latent_mean)} numbers but {source} holds {channels}-channel "
