@@ -92,3 +92,35 @@ def test_stats_of_shards_written_before_sums_were_kept(tmp_path):
                           latent_norm="channel")
     np.testing.assert_allclose(again["latent_mean"], m["latent_mean"], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(again["latent_std"], m["latent_std"], rtol=1e-12)
+
+
+@pytest.mark.distributed
+def test_two_ranks_merge_to_the_one_process_statistics(tmp_path):
+    """Each rank sums its own shards; rank 0 merges every marker in shard order, as one process does."""
+    import subprocess
+    import sys
+
+    from dit_trainer.data.extract import run_extract
+    from dit_trainer.vae.latent_stats import merge
+
+    vae = save_kl_f16c32(tmp_path / "vae")
+    images = write_images(tmp_path / "images", per_class=5)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "dit_trainer",
+         "extract", "--data-path", images, "--vae", vae, "--out", str(tmp_path / "two"), "--image-size", "64",
+         "--batch-size", "2", "--shard-size", "3", "--workers", "0", "--no-progress"],
+        capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun's ranks
+    try:
+        run_extract(images, vae, 64, tmp_path / "one", batch_size=2, shard_size=3, workers=0, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    two, one = read_manifest(tmp_path / "two"), read_manifest(tmp_path / "one")
+    markers = [json.loads((tmp_path / "two" / f"{s['name']}.json").read_text()) for s in two["shards"]]
+    assert {m["rank"] for m in markers} == {0, 1}
+    assert merge(m["latent_sums"] for m in markers) == (two["latent_mean"], two["latent_std"])
+    np.testing.assert_allclose(two["latent_mean"], one["latent_mean"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(two["latent_std"], one["latent_std"], rtol=1e-4)

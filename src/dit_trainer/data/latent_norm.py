@@ -7,7 +7,7 @@ from dit_trainer.vae.latent_stats import check_stats
 
 def fill_latent_stats(cfg, given: frozenset, dataset, source: str) -> None:
     """Set data.latent_mean/std from the shards' manifest where the data calls for them, or refuse in one
-    line latents of a VAE that needs statistics none were measured for."""
+    line latents of a named VAE other than the 4-channel SD ones that no statistics were measured for."""
     data = cfg.data
     shape = getattr(dataset, "latent_shape", None)
     if shape is None or data.path == "digits":
@@ -17,16 +17,17 @@ def fill_latent_stats(cfg, given: frozenset, dataset, source: str) -> None:
     norm = data.latent_norm
     if norm == "scale":
         return
+    vae = manifest.get("vae") or data.vae
     if norm == "auto" and "data.latent_mean" not in given:
         recorded = manifest.get("latent_norm")
-        if recorded == "scale" or (recorded is None and channels == 4):
-            return  # the SD VAEs' calibrated scaling_factor: the latents as stored
+        # The SD VAEs' calibrated scaling_factor, or latents of no known VAE: used as stored.
+        if recorded == "scale" or (recorded is None and (channels == 4 or not vae)):
+            return
     if "data.latent_mean" not in given and manifest.get("latent_mean") is not None:
         data.latent_mean, data.latent_std = list(manifest["latent_mean"]), list(manifest.get("latent_std") or [])
         check_stats(data.latent_mean, data.latent_std, channels, source, DataError)
         return
     if data.latent_mean is None:
-        vae = manifest.get("vae") or data.vae
         why = "data.latent_norm channel needs them" if norm == "channel" else \
             "the latents of VAEs other than the 4-channel SD ones need them to train well"
         raise DataError(f"{source} holds {channels}-channel latents{f' of {vae}' if vae else ''} but no per-channel "
