@@ -36,3 +36,24 @@ def fill_latent_stats(cfg, given: frozenset, dataset, source: str) -> None:
     if len(data.latent_mean) != channels:
         raise ConfigError(f"data.latent_mean lists {len(data.latent_mean)} numbers but {source} holds {channels}-channel "
                           f"latents; give one mean and one std per channel")
+
+
+def refuse_channel_norm(cfg, engine: str) -> None:
+    """A one-line ConfigError where `engine` (which feeds latents as stored) would get per-channel statistics to
+    apply: set in the config, or recorded by `dit extract` in data.path's manifest.json."""
+    import json
+    import os
+
+    from dit_trainer.vae.latent_stats import stats_of
+
+    data, recorded = cfg.data, None
+    file = os.path.join(str(data.path), "manifest.json")
+    if data.latent_norm != "scale" and os.path.isfile(file):
+        try:
+            with open(file, encoding="utf-8") as f:
+                recorded = json.load(f).get("latent_norm")
+        except (OSError, ValueError, AttributeError):
+            recorded = None
+    if stats_of(data) is not None or recorded == "channel":
+        raise ConfigError(f"{engine} trains on latents as stored, but {file if recorded == 'channel' else 'data.latent_mean/std'} "
+                          f"asks for per-channel normalisation; use backend torch, or data.latent_norm scale")
