@@ -34,15 +34,17 @@ def auto_norm(vae) -> str:
 def channel_sums(rows: np.ndarray) -> Dict:
     """{'n', 'sum', 'sumsq'} per channel of stored rows N×F×K×C×H×W (K = 2: posterior mean and std)."""
     n, flips, kinds, channels = rows.shape[:4]
+    # float16's square is exact in float32 (11-bit mantissas, 22-bit products), so only the sums need float64.
+    wide = np.float32 if rows.dtype == np.float16 else np.float64
     total, squares = [], []
-    for c in range(channels):  # one channel at a time: float64 copies of a whole shard would be large
-        mean = rows[:, :, 0, c].astype(np.float64)
-        square = mean * mean
-        if kinds == 2:
-            std = rows[:, :, 1, c].astype(np.float64)
-            square += std * std
-        total.append(float(mean.sum()))
-        squares.append(float(square.sum()))
+    for c in range(channels):  # one channel at a time: wide copies of a whole shard would be large
+        square = 0.0
+        for k in range(kinds):
+            x = rows[:, :, k, c].astype(wide)
+            if k == 0:
+                total.append(float(x.sum(dtype=np.float64)))
+            square += float(np.square(x, out=x).sum(dtype=np.float64))
+        squares.append(square)
     return {"n": int(n * flips * int(np.prod(rows.shape[4:]))), "sum": total, "sumsq": squares}
 
 
