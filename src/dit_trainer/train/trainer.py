@@ -295,7 +295,8 @@ class DiTTrainer:
         if shape is not None and tuple(shape) != tuple(self.sample_shape):
             raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
                             f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
-                            "(input_size is the image size / 8) or re-extract the data")
+                            "(input_size is the image size / the VAE's downsampling factor, 8 for the SD VAEs) or "
+                            "re-extract the data")
         sampler = GlobalBatchSampler(len(self.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
                                      dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size)
         # An image folder's VAE encodes on this device what its latent cache lacks.
