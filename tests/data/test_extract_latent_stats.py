@@ -17,7 +17,8 @@ from tests.vae.autoencoders import save_dc, save_kl_f16c32, write_images  # noqa
 
 
 def _extract(tmp_path, vae, *flags):
-    images = write_images(tmp_path / "images")
+    images = tmp_path / "images"
+    images = str(images) if images.exists() else write_images(images)
     out = tmp_path / "shards"
     assert main(["extract", "--data-path", images, "--vae", vae, "--image-size", "64", "--out", str(out),
                  "--batch-size", "3", "--shard-size", "5", "--workers", "0", "--no-progress", *flags]) == 0
@@ -77,19 +78,22 @@ def test_sd_vae_records_scale_and_keeps_its_shards(tmp_path):
     assert marker["latent_sums"]["n"] == 5 * 2 * 32 * 32
 
 
-def test_stats_of_shards_written_before_sums_were_kept(tmp_path):
-    """Markers without sums (a resumed extract of an older version): the manifest's numbers come from the files."""
-    from dit_trainer.data.extract import finish_shards
-
+def test_rerun_over_an_older_extract_adds_the_stats_without_encoding(tmp_path):
+    """Shards whose markers have no sums (an extract of an older version): the same command again
+    re-encodes nothing and writes the statistics, summed from the shard files."""
     out, m = _extract(tmp_path, save_kl_f16c32(tmp_path / "vae"))
+    mtimes = {}
     for s in m["shards"]:
         path = out / f"{s['name']}.json"
         marker = json.loads(path.read_text())
         del marker["latent_sums"]
         path.write_text(json.dumps(marker))
-    again = finish_shards(str(out), [s["name"] for s in m["shards"]], m["class_names"], m["vae"], m["scaling_factor"],
-                          m["shift_factor"], 64, True, m["posterior"], m["dtype"], m["latent_shape"], m["source"],
-                          latent_norm="channel")
+        mtimes[s["name"]] = os.stat(out / f"{s['name']}.npy").st_mtime_ns
+    old = {k: v for k, v in m.items() if k not in ("latent_norm", "latent_mean", "latent_std")}
+    (out / "manifest.json").write_text(json.dumps(old))
+    again = _extract(tmp_path, m["vae"])[1]
+    assert {s["name"]: os.stat(out / f"{s['name']}.npy").st_mtime_ns for s in m["shards"]} == mtimes
+    assert again["latent_norm"] == "channel"
     np.testing.assert_allclose(again["latent_mean"], m["latent_mean"], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(again["latent_std"], m["latent_std"], rtol=1e-12)
 
