@@ -141,6 +141,9 @@ class MindSporeTrainer:
         cfg = self.cfg
         if not cfg.data.path:
             raise ConfigError("data.path is not set; point it at a latent folder or shard folder")
+        from dit_trainer.data.latent_norm import refuse_channel_norm
+
+        refuse_channel_norm(cfg, "backend mindspore")
         latest = ckpt.latest(cfg.output_dir) if cfg.checkpoint.resume else None
         if latest:
             self.load_checkpoint(latest)

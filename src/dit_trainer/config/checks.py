@@ -68,6 +68,7 @@ _NAMES = {
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
     "train.phema_dtype": ("fp16", "fp32"),
     "data.vae_dtype": ("auto", "fp32", "bf16"),
+    "data.latent_norm": ("auto", "channel", "scale"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
     "parallel.layout": ("manual", "auto"),
@@ -157,6 +158,7 @@ def check_values(cfg) -> None:
     keep = cfg.checkpoint.keep_steps
     if not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in keep):
         raise ConfigError(f"checkpoint.keep_steps is {keep!r}; it must be a list of positive step numbers, e.g. [300]")
+    check_latent_stats(cfg.data)
     check_guidance(cfg.sample, "sample")
     check_guidance(cfg.eval, "eval")
     s = cfg.sample
@@ -171,6 +173,19 @@ def check_values(cfg) -> None:
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")
+
+
+def check_latent_stats(data) -> None:
+    """data.latent_mean and data.latent_std: both or neither, as many finite numbers each, std > 0."""
+    mean, std = data.latent_mean, data.latent_std
+    if (mean is None) != (std is None):
+        given, missing = ("latent_mean", "latent_std") if std is None else ("latent_std", "latent_mean")
+        raise ConfigError(f"data.{given} is set but data.{missing} is not; set both (one number per latent channel)")
+    if mean is not None:
+        from dit_trainer.vae.latent_stats import check_stats
+
+        check_stats(mean, std, len(mean) if isinstance(mean, (list, tuple)) else 0, "data", ConfigError)
+        data.latent_mean, data.latent_std = [float(v) for v in mean], [float(v) for v in std]
 
 
 # The widest power-function EMA: exponent 0 (a mean over every step so far) has sigma_rel sqrt(1/12),

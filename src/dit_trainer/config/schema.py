@@ -58,6 +58,9 @@ class DataConfig:
     vae_dtype: str = "auto"  # auto | fp32 | bf16: the VAE's compute dtype for an image folder; auto: bf16 on a GPU, fp32 (dit extract's default) on a CPU
     cache_dir: Optional[str] = None  # where the latent caches of image folders go (None: ~/.cache/dit-trainer/latents); shared by all nodes
     scaling_factor: float = 0.18215  # factor the latents were multiplied by (shards record theirs)
+    latent_norm: str = "auto"  # auto | channel | scale: how the model sees the latents. channel: (z - latent_mean) / latent_std per channel, undone before the VAE decodes; scale: as stored (the VAE's scaling_factor alone, the SD VAEs' way); auto: what `dit extract` recorded (channel for any VAE but the 4-channel KL ones); latents it did not measure are used as stored, except those of a named VAE with other than 4 channels, which are refused. See docs/data.md
+    latent_mean: Optional[list] = None  # per-channel mean of the stored latents (dit extract records it in manifest.json and the run's config.yaml keeps it); set by hand only for latents extract did not measure
+    latent_std: Optional[list] = None  # per-channel std of the stored latents, each > 0; set with latent_mean
     allow_changed: bool = False  # resume although the image folder changed since the checkpoint (a warning instead of a refusal; the resume is then not exact)
 
 

@@ -46,12 +46,35 @@ def check_pos_embed(bundle: Bundle) -> None:
                               "storing it, so these weights cannot be exported")
 
 
-def model_index(bundle: Bundle, library: str, transformer_class: str, version_key: str, version: str) -> dict:
+def model_index(bundle: Bundle, library: str, transformer_class: str, version_key: str, version: str,
+                vae_class: str = "AutoencoderKL") -> dict:
     """model_index.json of a DiTPipeline folder."""
     return {"_class_name": "DiTPipeline", version_key: version,
             "id2label": id2label(bundle.class_names, int(bundle.model.get("num_classes", 1000))),
             "scheduler": [library, "DDIMScheduler"], "transformer": [library, transformer_class],
-            "vae": [library, "AutoencoderKL"]}
+            "vae": [library, vae_class]}
+
+
+def vae_latent_stats(bundle: Bundle, vae_config) -> dict:
+    """The VAE config's `latents_mean`/`latents_std` for `bundle`, in diffusers' (SDXL's) convention, where a
+    pipeline decodes z · latents_std / scaling_factor + latents_mean: mean / scaling_factor and std of our
+    per-channel statistics; None for a model of unnormalised latents where the config has the keys, so no
+    pipeline applies statistics the model was not trained with."""
+    if bundle.latent_mean is None:
+        return {k: None for k in ("latents_mean", "latents_std") if vae_config.get(k) is not None}
+    sf = float(bundle.scaling_factor or vae_config.get("scaling_factor") or 0.18215)
+    return {"latents_mean": [float(m) / sf for m in bundle.latent_mean],
+            "latents_std": [float(s) for s in bundle.latent_std]}
+
+
+def bundle_latent_stats(vae_config: dict, scaling_factor) -> dict:
+    """`Bundle` fields (latent_mean, latent_std) from a pipeline VAE config's latents_mean/std (the inverse of
+    `vae_latent_stats`); empty where the config has none."""
+    mean, std = vae_config.get("latents_mean"), vae_config.get("latents_std")
+    if mean is None or std is None:
+        return {}
+    sf = float(scaling_factor or 0.18215)
+    return {"latent_mean": [float(m) * sf for m in mean], "latent_std": [float(s) for s in std]}
 
 
 @contextlib.contextmanager
@@ -69,7 +92,7 @@ def quiet_diffusers():
 
 
 def load_vae_model(bundle: Bundle):
-    """The AutoencoderKL of `bundle`'s latents, for a pipeline folder's vae/ (data.vae's loader: one-line
+    """The autoencoder of `bundle`'s latents, for a pipeline folder's vae/ (data.vae's loader: one-line
     errors, an offline Hub id fails fast); refused when its latents are not what the model takes."""
     channels = int(bundle.model.get("in_channels", 4))
     if not bundle.vae:
@@ -97,8 +120,9 @@ def write(bundle: Bundle, out) -> Path:
     vae = load_vae_model(bundle)
     if bundle.scaling_factor is not None:
         vae.register_to_config(scaling_factor=float(bundle.scaling_factor))  # what the pipeline divides by
+    vae.register_to_config(**vae_latent_stats(bundle, dict(vae.config)))
     write_json(out / "model_index.json", model_index(bundle, "diffusers", "DiTTransformer2DModel",
-                                                    "_diffusers_version", VERSION))
+                                                    "_diffusers_version", VERSION, type(vae).__name__))
     write_json(out / "scheduler" / "scheduler_config.json", {**scheduler_config(bundle.diffusion), "_diffusers_version": VERSION})
     write_json(out / "transformer" / "config.json", {**tcfg, "_diffusers_version": VERSION})
     # diffusers' per-block embedder copies are one tensor here; safetensors wants each stored once.
@@ -137,7 +161,8 @@ def pipeline_bundle(root, tdir, model, sd, vae) -> Bundle:
     sched = root / "scheduler" / "scheduler_config.json"
     diffusion = diffusion_from_scheduler(read_json(sched), sched) if sched.is_file() else None
     vae_cfg = root / "vae" / "config.json"
-    scaling = read_json(vae_cfg).get("scaling_factor", 0.18215) if vae_cfg.is_file() else None
-    return Bundle(state_dict=ours, model=model, vae=vae,
+    config = read_json(vae_cfg) if vae_cfg.is_file() else {}
+    scaling = config.get("scaling_factor", 0.18215) if vae_cfg.is_file() else None
+    return Bundle(state_dict=ours, model=model, vae=vae, **bundle_latent_stats(config, scaling),
                   scaling_factor=scaling, class_names=class_names_from(index, int(model["num_classes"])),
                   diffusion=diffusion or {"num_timesteps": 1000, "noise_schedule": "linear"}, source=str(root))

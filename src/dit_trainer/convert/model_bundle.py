@@ -9,7 +9,7 @@ class Bundle:
     """One model in transit between formats.
 
     `state_dict` holds torch tensors under our (the release's) names; `model` is a model-config
-    dict (see model_config.py); `vae` a diffusers AutoencoderKL folder or hub id (None for pixel
+    dict (see model_config.py); `vae` a diffusers AutoencoderKL/AutoencoderDC folder or hub id (None for pixel
     models); `class_names` index = class id, or None when the classes have no names.
     """
 
@@ -17,6 +17,10 @@ class Bundle:
     model: dict
     vae: Optional[str] = None
     scaling_factor: Optional[float] = None
+    # Per-channel mean and std of the stored latents the model was trained on normalised by (see
+    # vae/latent_stats.py); None for latents used as stored (the SD VAEs).
+    latent_mean: Optional[list] = None
+    latent_std: Optional[list] = None
     class_names: Optional[list] = None
     diffusion: dict = field(default_factory=lambda: {"num_timesteps": 1000, "noise_schedule": "linear"})
     # The `transport:` section of a run trained with `objective: transport` (SiT's interpolants);

@@ -71,7 +71,9 @@ class DiTPipeline:
         cfg = build_config({
             "model": {k: v for k, v in bundle.model.items() if k not in CONVENTION_KEYS},
             "diffusion": dict(bundle.diffusion),
-            "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215},
+            "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215,
+                     "latent_mean": bundle.latent_mean if bundle.vae else None,
+                     "latent_std": bundle.latent_std if bundle.vae else None},
             **({"objective": "transport", "transport": bundle.transport} if bundle.transport is not None else {}),
         })
         decoder = (None, None, None)

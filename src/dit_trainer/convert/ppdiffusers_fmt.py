@@ -11,12 +11,13 @@ Everything is written and read without paddle; linear weights are stored [in, ou
 from pathlib import Path
 
 from dit_trainer.convert.model_bundle import Bundle
-from dit_trainer.convert.hf_diffusers import check_pos_embed, load_vae_model, model_index, pipeline_bundle
+from dit_trainer.convert.hf_diffusers import (check_pos_embed, load_vae_model, model_index, pipeline_bundle,
+                                              vae_latent_stats)
 from dit_trainer.convert.diffusers_names import to_diffusers
 from dit_trainer.convert.pdparams import load_pdparams, save_pdparams
 from dit_trainer.convert.pipeline_folder import (model_from_transformer_config, read_json, scheduler_config,
                                                  transformer_config, transformer_dir, write_json)
-from dit_trainer.errors import CheckpointError
+from dit_trainer.errors import CheckpointError, ConfigError
 
 WEIGHTS = "model_state.pdparams"
 VERSION = "0.29.0"
@@ -28,9 +29,12 @@ def write(bundle: Bundle, out) -> Path:
     tcfg = transformer_config(bundle.model, "Transformer2DModel")
     check_pos_embed(bundle)
     vae = load_vae_model(bundle)
+    if type(vae).__name__ != "AutoencoderKL":
+        raise ConfigError(f"ppdiffusers' DiTPipeline has no {type(vae).__name__}; export this model with --to diffusers")
     vae_cfg = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
     if bundle.scaling_factor is not None:
         vae_cfg["scaling_factor"] = float(bundle.scaling_factor)
+    vae_cfg.update(vae_latent_stats(bundle, vae_cfg))
     write_json(out / "model_index.json", model_index(bundle, "ppdiffusers", "Transformer2DModel",
                                                     "_ppdiffusers_version", VERSION))
     write_json(out / "scheduler" / "scheduler_config.json",

@@ -48,6 +48,7 @@ def read(src, model=None, vae=None) -> Bundle:
     from dit_trainer.sample import vae_source
     from dit_trainer import checkpoint
     from dit_trainer.sample.decode import anchor_vae
+    from dit_trainer.vae.latent_stats import stats_of
 
     if not Path(src).is_dir():
         raise CheckpointError(f"{src} is not a folder; --from ours takes a run folder or a checkpoint folder")
@@ -72,7 +73,9 @@ def read(src, model=None, vae=None) -> Bundle:
     diffusion = {"num_timesteps": cfg.diffusion.num_timesteps, "noise_schedule": cfg.diffusion.noise_schedule,
                  "predict_xstart": cfg.diffusion.predict_xstart}
     transport = cfg.to_dict()["transport"] if cfg.objective == "transport" else None
+    stats = stats_of(cfg.data) if vae_id else None
     return Bundle(state_dict=sd, model=mcfg, vae=vae_id, scaling_factor=scaling, class_names=names,
+                  latent_mean=stats and stats[0], latent_std=stats and stats[1],
                   diffusion=diffusion, transport=transport, source=str(path))
 
 
@@ -109,7 +112,9 @@ def write(bundle: Bundle, out, final=None) -> Path:
     if bundle.vae:
         cfg.data.vae = _copy_vae(bundle.vae, out / "vae")
         cfg.data.scaling_factor = float(bundle.scaling_factor or 0.18215)
-        cfg.data.image_size = int(bundle.model["input_size"]) * 8
+        cfg.data.image_size = int(bundle.model["input_size"]) * _downsampling(out / "vae")
+        if bundle.latent_mean is not None:
+            cfg.data.latent_mean, cfg.data.latent_std = list(bundle.latent_mean), list(bundle.latent_std)
     else:
         cfg.data.vae, cfg.data.image_size = None, int(bundle.model["input_size"])
     names = bundle.class_names
@@ -122,6 +127,16 @@ def write(bundle: Bundle, out, final=None) -> Path:
     state = {k: v.detach().contiguous().clone() for k, v in bundle.state_dict.items()}
     save_file(state, str(out / "ema.safetensors"))
     return out
+
+
+def _downsampling(vae_dir: Path) -> int:
+    """Pixels per latent side of a copied VAE folder's config (8, the SD VAEs', for a Hub id)."""
+    file = vae_dir / "config.json"
+    if not file.is_file():
+        return 8
+    config = json.loads(file.read_text())
+    blocks = config.get("encoder_block_out_channels") or config.get("block_out_channels") or [0] * 4
+    return 2 ** (len(blocks) - 1)
 
 
 def _copy_vae(vae, dest: Path) -> str:

@@ -62,13 +62,15 @@ def add_commands(subparsers) -> None:
     p = subparsers.add_parser(
         "extract", help="encode an image folder into latent shards with a frozen VAE",
         description="Encode an ImageFolder once with a frozen VAE (ADM center crop) into packed latent shards. "
-                    "Resumable; under torchrun each rank encodes its own shards.")
+                    "Resumable; under torchrun each rank encodes its own shards. The manifest records the latents' "
+                    "per-channel mean and std, which training uses for VAEs other than the 4-channel SD ones.")
     p.add_argument("--data-path", required=True,
                    help="image folder: one sub-folder per class, or a flat folder (label 0)")
     from dit_trainer.vae import DEFAULT_VAE
 
     p.add_argument("--vae", default=DEFAULT_VAE,
-                   help="Hub id or save_pretrained folder (default: %(default)s)")
+                   help="Hub id or save_pretrained folder of a diffusers AutoencoderKL or AutoencoderDC "
+                        "(default: %(default)s)")
     p.add_argument("--image-size", type=int, required=True, help="crop size in pixels, e.g. 256 or 512")
     p.add_argument("--out", required=True, help="output folder for shards and manifest.json")
     p.add_argument("--batch-size", type=int, default=32, help="images per VAE batch (each also encoded flipped)")
@@ -77,7 +79,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--dtype", choices=("float16", "float32"), default="float16",
                    help="storage dtype; float16 halves disk and page cache, its rounding is below the posterior std")
     p.add_argument("--store", choices=("mean-std", "sample"), default="mean-std",
-                   help="posterior mean and std (fresh sample each epoch) or one fixed sample")
+                   help="posterior mean and std (fresh sample each epoch) or one fixed sample; an AutoencoderDC, "
+                        "which has no posterior, stores its latents")
     p.add_argument("--no-flips", action="store_true", help="do not also encode the horizontally flipped image")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="image decoding processes per rank")
     p.add_argument("--device", default=None, help="torch device (default: this rank's GPU, else cpu)")

@@ -25,7 +25,8 @@ from dit_trainer.data import checksums
 from dit_trainer.data import shards as sh
 from dit_trainer.data.encode import encode_rows
 from dit_trainer.data.images import ImageFiles, list_image_folder
-from dit_trainer.vae.autoencoder import latent_shape, load_vae, resolve_dtype, scaling
+from dit_trainer.vae import latent_stats
+from dit_trainer.vae.autoencoder import has_posterior, latent_shape, load_vae, resolve_dtype, scaling
 from dit_trainer.errors import DataError
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 
@@ -178,6 +179,12 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     # refuses the corrected command.
     device = _device(device)
     model = load_vae(vae_name, torch_dtype, device)
+    if not has_posterior(model) and posterior != "sample":
+        # A deterministic encoder's std is 0: one stored latent per image says it all, in half the bytes.
+        posterior = "sample"
+        if dist.rank == 0:
+            print(f"dit extract: {type(model).__name__} encodes without a posterior; storing its latents "
+                  "(posterior sample)", file=sys.stderr)
     os.makedirs(out, exist_ok=True)
     plan = {
         "data_path": os.path.abspath(data_path), "files_sha256": _files_digest(paths, labels, data_path),
@@ -219,7 +226,7 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
         shard = ((indices or [e[0] for e in errors])[0]) // shard_size
         if writer is None or writer.name != names[shard]:
             if writer is not None:
-                writer.close(skipped=skipped, rank=dist.rank)
+                _close(writer, skipped, dist.rank)
             capacity = min((shard + 1) * shard_size, len(paths)) - shard * shard_size
             writer, skipped = sh.ShardWriter(out, names[shard], capacity, entry, dtype), []
         if images is not None:
@@ -234,19 +241,35 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
             skipped.append([os.path.relpath(paths[index], data_path), err])
         bar.update(seen)
     if writer is not None:
-        writer.close(skipped=skipped, rank=dist.rank)
+        _close(writer, skipped, dist.rank)
     bar.close()
     seconds = time.perf_counter() - start
     dist.barrier()
     if dist.rank == 0:
-        finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path)
+        finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
+                      latent_norm=latent_stats.auto_norm(model))
     dist.barrier()
     return {"rank": dist.rank, "shards": len(mine), "images": encoded, "seconds": seconds,
             "images_per_s": encoded / seconds if seconds > 0 else 0.0}
 
 
-def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path):
-    """Once every shard in `names` is written: drop leftovers, list skipped images, write the manifest."""
+def _close(writer, skipped, rank) -> None:
+    """Write a shard, its marker carrying the per-channel sums of exactly the values stored."""
+    sums = latent_stats.channel_sums(writer.data[:writer.count])
+    writer.close(skipped=skipped, rank=rank, latent_sums=sums)
+
+
+def _shard_sums(out, marker) -> dict:
+    """A shard's per-channel sums: its marker's, else (a shard written before they were kept) from its file."""
+    if "latent_sums" in marker or not marker["count"]:
+        return marker.get("latent_sums") or {"n": 0}
+    return latent_stats.channel_sums(np.load(os.path.join(out, f"{marker['name']}.npy"), mmap_mode="r"))
+
+
+def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
+                  latent_norm=None):
+    """Once every shard in `names` is written: drop leftovers, list skipped images, write the manifest
+    (with the latents' per-channel statistics and how training uses them when `latent_norm` is given)."""
     markers = []
     for name in names:
         if not sh.shard_done(out, name):
@@ -261,12 +284,17 @@ def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flip
     skipped = [row for m in markers for row in m.get("skipped", [])]
     with open(os.path.join(out, SKIPPED), "w", encoding="utf-8") as f:
         f.writelines(f"{path}\t{err}\n" for path, err in skipped)
+    stats = {}
+    if latent_norm is not None:
+        merged = latent_stats.merge(_shard_sums(out, m) for m in markers)
+        if merged is not None:
+            stats = {"latent_norm": latent_norm, "latent_mean": merged[0], "latent_std": merged[1]}
     manifest = sh.write_manifest(
         out, count=sum(m["count"] for m in markers), latent_shape=list(shape), dtype=dtype,
         num_classes=len(class_names), class_names=class_names, vae=vae_name, scaling_factor=sf,
         shift_factor=shift, image_size=image_size, flips=bool(flips), posterior=posterior,
         shards=[sh.manifest_entry(m) for m in markers if m["count"]],
-        skipped=len(skipped), source=os.path.abspath(data_path),
+        skipped=len(skipped), source=os.path.abspath(data_path), **stats,
     )
     checksums.stamp_written(out, manifest["shards"])
     if skipped:

@@ -116,6 +116,9 @@ class DataShapes:
                            ("data.scaling_factor", "scaling_factor")):
             if manifest.get(field) is not None and key not in given:
                 setattr(cfg.data, key.split(".")[1], manifest[field])
+        from dit_trainer.data.latent_norm import fill_latent_stats
+
+        fill_latent_stats(cfg, given, dataset, source)
 
 
 def _labels_fit(cfg, dataset, source: str, count: int, from_weights: bool) -> None:

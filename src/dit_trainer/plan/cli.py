@@ -25,7 +25,8 @@ def add_commands(sub) -> None:
     p.add_argument("--config", default=None, help="YAML or JSON config, as for dit train")
     p.add_argument("--model", default=None, help="model name (model.name), e.g. DiT-XL/2 or LargeDiT-7B/2")
     p.add_argument("--image-size", type=int, default=None,
-                   help="image side in pixels; the latents are 1/8 of it (sets model.input_size)")
+                   help="image side in pixels; the latents are 1/f of it, f the VAE's downsampling (8 for the SD VAEs; "
+                        "read from data.path's manifest or a data.vae folder) (sets model.input_size)")
     p.add_argument("--global-batch-size", type=int, default=None,
                    help="images per optimizer step (train.global_batch_size)")
     p.add_argument("--gpus", type=int, default=1, help="devices (processes) in all")
@@ -43,6 +44,7 @@ def run(args) -> int:
     from dit_trainer.config import build_config
     from dit_trainer.models import get_spec
     from dit_trainer.plan.hardware import parse_memory
+    from dit_trainer.plan.latents import PlanShapes
     from dit_trainer.plan.report import render
     from dit_trainer.plan.search import make_request, model_costs, plan_layouts
 
@@ -56,11 +58,10 @@ def run(args) -> int:
     overrides = list(args.overrides)
     if args.model:
         overrides = ["--model.name", args.model, *overrides]
-    if args.image_size:
-        overrides = ["--model.input_size", str(args.image_size // 8), *overrides]
     if args.global_batch_size is not None:
         overrides = ["--train.global_batch_size", str(args.global_batch_size), *overrides]
-    cfg = build_config(args.config, overrides)
+    # The latents' channels and side come from the data or VAE, as dit train takes them.
+    cfg = build_config(args.config, overrides, shapes=PlanShapes(args.image_size))
     memory = parse_memory(args.gpu_memory) if args.gpu_memory else 0.0
     request = make_request(cfg, args.gpus, args.gpus_per_node or 0, args.hardware, memory)
     plans = plan_layouts(request)

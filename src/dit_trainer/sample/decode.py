@@ -1,5 +1,6 @@
 """Samples to images: the VAE the latents came from (recorded in the config or the shard
-manifest), or nothing for pixel models such as the digits demo."""
+manifest), or nothing for pixel models such as the digits demo. A model trained on per-channel
+normalised latents (data.latent_mean/std in its config) has them undone before the VAE decodes."""
 
 import os
 
@@ -47,11 +48,18 @@ def vae_source(cfg, override=None):
 
 
 def load_decoder(cfg, vae=None, device="cpu", dtype="fp32"):
-    """(AutoencoderKL or None, scaling_factor, shift_factor) for `cfg`; the last VAE stays cached."""
+    """(autoencoder or None, scaling_factor, shift_factor) that decode `cfg`'s model samples; the last VAE
+    stays cached. Where the model saw latents normalised per channel, factor and shift are per-channel
+    tensors that fold z · std + mean into them (`latent_stats.fold`)."""
     source = vae_source(cfg, vae)
     if source is None:
         return None, None, None
     name, scaling_factor, shift_factor = source
+    from dit_trainer.vae.latent_stats import fold, stats_of
+
+    stats = stats_of(cfg.data)
+    if stats is not None:
+        scaling_factor, shift_factor = fold(stats, scaling_factor, shift_factor)
     key = (name, str(device), str(dtype))
     if key not in _VAE_CACHE:
         from dit_trainer.vae.autoencoder import load_vae

@@ -130,6 +130,11 @@ def check_guide_fits(guide_cfg, guide_model, cfg, model, named: str) -> None:
     if guide_cfg.data.scaling_factor != cfg.data.scaling_factor:
         raise ConfigError(f"{named} sees latents scaled by {guide_cfg.data.scaling_factor} but the main model by "
                           f"{cfg.data.scaling_factor}; a guide must share the latent space")
+    from dit_trainer.vae.latent_stats import stats_of
+
+    if stats_of(guide_cfg.data) != stats_of(cfg.data):
+        raise ConfigError(f"{named} sees latents normalised by other per-channel statistics (data.latent_mean/std) "
+                          f"than the main model; a guide must share the latent space")
 
 
 def load_guide(spec, run, cfg, model, device, from_config: bool = False, key: str = "sample.guide"):

@@ -37,6 +37,7 @@ from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
+from dit_trainer.vae.latent_stats import device_stats, normalize
 
 
 class DiTTrainer:
@@ -77,6 +78,7 @@ class DiTTrainer:
         routed = {"tokens_per_block": self.routing.tokens_per_block()} if self.routing else {}
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
+        self.latent_stats = device_stats(cfg.data, self.device)  # None unless latents are normalised per channel
         compiled = cfg.train.compile == "true"
         # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
         no_ac = cfg.train.activation_checkpointing == "none"
@@ -172,7 +174,7 @@ class DiTTrainer:
         resume and parity replay.
         """
         x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
-        x = x.to(self.device, dtype=torch.float32, non_blocking=True)
+        x = normalize(x.to(self.device, dtype=torch.float32, non_blocking=True), self.latent_stats)
         y = y.to(self.device, dtype=torch.long, non_blocking=True)
         local = x.shape[0]
         n, lo = local * self.dims.dp_size, self.dims.dp_rank * local
@@ -293,7 +295,8 @@ class DiTTrainer:
         if shape is not None and tuple(shape) != tuple(self.sample_shape):
             raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
                             f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
-                            "(input_size is the image size / 8) or re-extract the data")
+                            "(input_size is the image size / the VAE's downsampling factor, 8 for the SD VAEs) or "
+                            "re-extract the data")
         sampler = GlobalBatchSampler(len(self.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
                                      dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size)
         # An image folder's VAE encodes on this device what its latent cache lacks.
