@@ -1,0 +1,184 @@
+"""Per-rank heartbeat files in the run folder, and the watchdog that ends a run whose peer stopped.
+
+Every rank keeps `output_dir/heartbeat/rankNNNNN.json` (see `record`), rewritten atomically by a
+background thread every `beat_interval(parallel.timeout)` seconds whatever a step costs: a step of
+microseconds writes no more than a step of minutes, and the time in the file says the process is
+alive even while one step (a first compiled one, a checkpoint save) takes long. The training loop
+only records its step in memory (`Heartbeat.beat`).
+
+The same thread watches its two neighbours' files (ranks r-1 and r+1): two reads per beat however
+many ranks the run has, and every rank is watched by two others. A peer whose file has not changed
+for `parallel.timeout` seconds is frozen or gone (SIGSTOP, a dead host, a swapped-out node): the
+watcher prints one line naming it and the last checkpoint saved, and exits with `STALLED_EXIT`
+instead of waiting inside a collective for ever. A peer that is alive but stopped stepping makes
+the collective it does not join fail after `parallel.timeout` (the process group's timeout);
+`Heartbeat.on_error` turns that failure into the same line, naming the rank furthest behind.
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+HEARTBEAT_DIR = "heartbeat"
+# EX_TEMPFAIL (sysexits.h): a temporary failure; rerunning the same command resumes the run.
+STALLED_EXIT = 75
+# How long a forced exit waits for a checkpoint being renamed into place (and rotated) to finish.
+COMMIT_WAIT_S = 300.0
+
+
+def beat_interval(timeout: float) -> float:
+    """Seconds between two writes of a rank's heartbeat: a tenth of the timeout, from 0.5 s to 10 s."""
+    return min(10.0, max(0.5, timeout / 10.0))
+
+
+def heartbeat_path(output_dir, rank: int) -> Path:
+    """Where rank `rank` of the run in `output_dir` writes its heartbeat."""
+    return Path(output_dir) / HEARTBEAT_DIR / f"rank{rank:05d}.json"
+
+
+def read_heartbeat(path):
+    """A heartbeat file's record, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.0f} s"
+
+
+class Heartbeat:
+    """Writes this rank's heartbeat and watches its neighbours' while a run trains (a context manager)."""
+
+    def __init__(self, output_dir, rank: int, world_size: int, timeout: float, step: int = 0):
+        self.output_dir, self.rank, self.world_size, self.timeout = Path(output_dir), rank, world_size, float(timeout)
+        self.interval = beat_interval(self.timeout)
+        self.step, self.step_time = int(step), time.time()
+        self._stepped = time.monotonic()  # when this rank last finished a step (or started)
+        self.peers = sorted({(rank - 1) % world_size, (rank + 1) % world_size} - {rank})
+        self._seen = {}  # peer -> (its last record's write time, when that changed here, monotonic)
+        self._done = threading.Event()
+        self._ending = threading.Lock()
+        self._thread = None
+
+    def beat(self, step: int) -> None:
+        """Record that this rank finished `step` (no I/O: the thread writes it)."""
+        self.step, self.step_time, self._stepped = int(step), time.time(), time.monotonic()
+
+    def record(self, state: str = "running") -> dict:
+        """What the file holds: rank, world size, last finished step and its wall time (`step_time`),
+        the write's wall time (`time`), the seconds between writes, the timeout, pid, host and state
+        (`running`, `done`, `failed`)."""
+        return {"rank": self.rank, "world_size": self.world_size, "step": self.step,
+                "step_time": round(self.step_time, 3), "time": round(time.time(), 3), "interval": self.interval,
+                "timeout": self.timeout, "pid": os.getpid(), "host": socket.gethostname(), "state": state}
+
+    def write(self, state: str = "running") -> None:
+        """Replace this rank's file atomically (a watcher never reads half a record)."""
+        path = heartbeat_path(self.output_dir, self.rank)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.record(state)), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a full disk must not end the run here: the checkpoint writer reports it in one line
+
+    def __enter__(self):
+        self.write()
+        now = time.monotonic()
+        self._seen = {p: (None, now) for p in self.peers}
+        self._thread = threading.Thread(target=self._run, name="dit-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.write("done" if exc_type is None else "failed")
+        return False
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.write()
+            stale = self._stale_neighbour()
+            if stale is not None:
+                peer, rec, silent = stale
+                self.end_run(self._missing_text(peer, rec, f"no heartbeat for {_ago(silent)}"))
+
+    def _stale_neighbour(self):
+        """(peer, its record, seconds unchanged) of a running neighbour silent for the timeout, else None."""
+        now = time.monotonic()
+        for peer in self.peers:
+            rec = read_heartbeat(heartbeat_path(self.output_dir, peer))
+            if rec is not None and rec.get("state") != "running":
+                self._seen[peer] = (None, now)  # finished or failed on its own: nothing to wait for
+                continue
+            key = rec.get("time") if rec is not None else None
+            last, since = self._seen[peer]
+            if key != last:
+                self._seen[peer] = (key, now)
+            elif now - since >= self.timeout:
+                return peer, rec, now - since
+        return None
+
+    def on_error(self, err: BaseException) -> None:
+        """Called with an error of the training loop: when this rank has waited `timeout` since its last
+        step and a peer is silent or behind, end the run in one line naming it; else return (re-raise)."""
+        if self.world_size == 1 or time.monotonic() - self._stepped < self.timeout:
+            return
+        peer, rec, why = self._culprit()
+        if peer is not None:
+            self.end_run(self._missing_text(peer, rec, why))
+
+    def _culprit(self):
+        """(rank, record, why) of the peer most likely missing: the longest silent, else the furthest behind."""
+        now, silent, behind = time.time(), [], []
+        quiet = max(3 * self.interval, 2.0)
+        for peer in range(self.world_size):
+            if peer == self.rank:
+                continue
+            rec = read_heartbeat(heartbeat_path(self.output_dir, peer))
+            if rec is None or rec.get("state") != "running":
+                continue
+            age = now - float(rec.get("time", 0))
+            if age >= quiet:
+                silent.append((-age, peer, rec, f"no heartbeat for {_ago(age)}"))
+            elif int(rec.get("step", 0)) < self.step:
+                lag = now - float(rec.get("step_time", now))
+                behind.append((int(rec["step"]), peer, rec, f"no step for {_ago(lag)} while this rank waited at "
+                                                            f"step {self.step}"))
+        found = sorted(silent)[:1] or sorted(behind)[:1]
+        return found[0][1:] if found else (None, None, None)
+
+    def _missing_text(self, peer: int, rec, why: str) -> str:
+        from dit_trainer.checkpoint.files import latest_checkpoint, step_of
+
+        last = latest_checkpoint(self.output_dir)
+        saved = (f"the last checkpoint saved is step {step_of(last)} ({last}); rerun the same command to resume "
+                 "from it" if last is not None else "no checkpoint was saved yet; rerun the same command to start again")
+        at = f", its last step {rec['step']}" if rec is not None and "step" in rec else ", never seen"
+        return (f"dit: error: rank {peer} stopped responding ({why}{at}; parallel.timeout {self.timeout:g} s): "
+                f"rank {self.rank} ends the run with exit code {STALLED_EXIT}; {saved}")
+
+    def end_run(self, line: str) -> None:
+        """Print `line`, mark this rank failed and exit at once (a hung collective cannot be left any
+        other way), after any checkpoint being committed on this rank is complete."""
+        from dit_trainer.checkpoint.files import COMMIT_LOCK
+
+        if not self._ending.acquire(blocking=False):
+            while True:  # the other thread is ending the run: its line is the one to print
+                time.sleep(1.0)
+        print(line, file=sys.stderr, flush=True)
+        self.write("failed")
+        COMMIT_LOCK.acquire(timeout=COMMIT_WAIT_S)
+        sys.stdout.flush()
+        os._exit(STALLED_EXIT)
