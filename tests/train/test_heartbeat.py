@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -105,16 +106,40 @@ def test_a_failed_collective_names_the_rank_furthest_behind_once_the_timeout_pas
     _peer(tmp_path, 1, step=9)
     _peer(tmp_path, 2, step=8, step_time=time.time() - 40)
     _peer(tmp_path, 3, step=8, state="failed")  # already ended on its own
-    beat = hb.Heartbeat(tmp_path, rank=0, world_size=4, timeout=0.3)
+    beat = hb.Heartbeat(tmp_path, rank=0, world_size=4, timeout=1.0)
     lines, _ = _recording(beat, stop=True)
     beat.beat(9)
-    beat.on_error(RuntimeError("Timed out waiting 300ms for recv operation to complete"))
+    timed_out = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation")
+    beat.on_error(timed_out)
     assert lines == []  # this rank has not waited the timeout yet: the error is re-raised as it is
-    time.sleep(0.4)
+    time.sleep(1.1)
+    beat.on_error(ValueError("a bug of this rank's own"))
+    assert lines == []  # not a collective that timed out, and no peer silent or gone: re-raised
     with pytest.raises(Ended):
-        beat.on_error(RuntimeError("Timed out waiting 300ms for recv operation to complete"))
+        beat.on_error(timed_out)
     assert "rank 2 stopped responding (no step for 4" in lines[0] and "its last step 8" in lines[0]
     assert "no checkpoint was saved yet" in lines[0]
+
+
+def test_a_peer_whose_process_is_gone_is_named_at_once_and_a_timeout_without_culprit_is_one_line(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _peer(tmp_path, 1, step=5, host=socket.gethostname(), pid=gone.pid)
+    beat = hb.Heartbeat(tmp_path, rank=0, world_size=2, timeout=60.0)
+    lines, _ = _recording(beat, stop=True)
+    with pytest.raises(Ended):
+        beat.on_error(RuntimeError("Connection closed by peer [127.0.0.1]:1234"))
+    assert f"rank 1 stopped responding (its process {gone.pid} on this host is gone, its last step 5" in lines[0]
+    # Every peer beating at this rank's step, and a collective that timed out: still one line, no culprit named.
+    _peer(tmp_path, 1, step=5, host=socket.gethostname(), pid=os.getpid())
+    beat = hb.Heartbeat(tmp_path, rank=0, world_size=2, timeout=0.5)
+    lines, _ = _recording(beat, stop=True)
+    beat.beat(5)
+    time.sleep(0.6)
+    with pytest.raises(Ended):
+        beat.on_error(RuntimeError("Timed out waiting 500ms for send operation to complete\nmore"))
+    assert "\n" not in lines[0] and lines[0].startswith("dit: error: a collective waited parallel.timeout 0.5 s at step 5")
+    assert "RuntimeError: Timed out waiting 500ms for send operation to complete)" in lines[0]
 
 
 class SlowLatents(torch.utils.data.Dataset):
@@ -196,24 +221,26 @@ def _wait(condition, proc, seconds, what):
 
 
 @pytest.mark.distributed
-def test_a_stopped_rank_ends_the_run_within_the_timeout_in_one_line(tmp_path):
-    """2-process FSDP under torchrun: SIGSTOP rank 0 after its second checkpoint; rank 1 exits with one line
-    naming rank 0 and the newest checkpoint within parallel.timeout + 30 s, and that checkpoint loads."""
+@pytest.mark.parametrize("sig, victim", [(signal.SIGSTOP, 0), (signal.SIGKILL, 1)], ids=["sigstop", "sigkill"])
+def test_a_stopped_or_dead_rank_ends_the_run_within_the_timeout_in_one_line(tmp_path, sig, victim):
+    """2-process FSDP under torchrun: SIGSTOP (SIGKILL) one rank after its second checkpoint; the other exits
+    with one line naming it and the newest checkpoint within parallel.timeout + 30 s, and that checkpoint loads."""
     from dit_trainer.train import DiTTrainer
 
-    out, timeout = tmp_path / "run", 10
+    out, timeout, survivor_rank = tmp_path / "run", 10, 1 - victim
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
            "--out", str(out), "--timeout", str(timeout)]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         _wait(lambda: len(list_checkpoints(out)) >= 2 and len(_worker_pids(out)) == 2, proc, 180, "second checkpoint")
-        stopped, survivor = (int((out / f"pid-rank{r}").read_text()) for r in (0, 1))
-        os.kill(stopped, signal.SIGSTOP)
+        stopped, survivor = (int((out / f"pid-rank{r}").read_text()) for r in (victim, survivor_rank))
+        os.kill(stopped, sig)
         t0 = time.monotonic()
-        _wait(lambda: not _alive(survivor), proc, timeout + 60, "exit of rank 1")
+        _wait(lambda: not _alive(survivor), proc, timeout + 60, f"exit of rank {survivor_rank}")
         waited = time.monotonic() - t0
-        os.kill(stopped, signal.SIGKILL)  # what torchrun's teardown does after its grace period, without the wait
+        if _alive(stopped):
+            os.kill(stopped, signal.SIGKILL)  # what torchrun's teardown does after its grace period, without the wait
         _, err = proc.communicate(timeout=60)
     finally:
         for pid in _worker_pids(out):
@@ -225,15 +252,19 @@ def test_a_stopped_rank_ends_the_run_within_the_timeout_in_one_line(tmp_path):
             pass
         proc.wait()
     assert proc.returncode != 0
-    assert (out / "timeout-rank1").read_text() == f"{float(timeout)}"  # parallel.timeout reached the process group
+    # parallel.timeout reached the process group.
+    assert (out / f"timeout-rank{survivor_rank}").read_text() == f"{float(timeout)}"
     assert waited <= timeout + 30, waited
+    if sig == signal.SIGKILL:
+        assert waited < timeout, waited  # a process gone on this host is named at once
     newest = list_checkpoints(out)[-1]
     lines = [line for line in err.splitlines() if "stopped responding" in line]
     assert len(lines) == 1, err[-3000:]
-    assert lines[0].startswith("dit: error: rank 0 stopped responding") and "rank 1 ends the run" in lines[0], lines
+    assert lines[0].startswith(f"dit: error: rank {victim} stopped responding"), lines
+    assert f"rank {survivor_rank} ends the run with exit code {hb.STALLED_EXIT}" in lines[0], lines
     assert f"the last checkpoint saved is step {step_of(newest)} ({newest})" in lines[0], lines
     assert f"exitcode  : {hb.STALLED_EXIT}" in err or f"exitcode: {hb.STALLED_EXIT}" in err, err[-2000:]
-    assert hb.read_heartbeat(hb.heartbeat_path(out, 1))["state"] == "failed"
+    assert hb.read_heartbeat(hb.heartbeat_path(out, survivor_rank))["state"] == "failed"
     # The newest checkpoint is whole and resumes on one process (its DCP shards resharded 2 -> 1).
     verify_checkpoint(newest)
     cfg = tiny_config(tmp_path / "load", parallel={"timeout": timeout},

@@ -54,6 +54,22 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
+def _pid_alive(pid) -> bool:
+    """Whether process `pid` of this host runs (a zombie its launcher has not reaped yet has ended)."""
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError):
+        return True  # no pid recorded: nothing to tell
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): it exists
+
+
 class Heartbeat:
     """Writes this rank's heartbeat and watches its neighbours' while a run trains (a context manager)."""
 
@@ -131,43 +147,53 @@ class Heartbeat:
         return None
 
     def on_error(self, err: BaseException) -> None:
-        """Called with an error of the training loop: when this rank has waited `timeout` since its last
-        step and a peer is silent or behind, end the run in one line naming it; else return (re-raise)."""
-        if self.world_size == 1 or time.monotonic() - self._stepped < self.timeout:
+        """Called with an error of the training loop; ends the run in one line when a peer is missing:
+        one whose process on this host is gone, or silent for the timeout, or (once this rank waited the
+        timeout in a collective that timed out) silent for a few beats or behind; else returns (re-raise)."""
+        if self.world_size == 1:
             return
-        peer, rec, why = self._culprit()
+        waited = time.monotonic() - self._stepped >= self.timeout
+        timed_out = waited and "timeout" in str(err).lower().replace("timed out", "timeout")
+        peer, rec, why = self._culprit(quiet=max(3 * self.interval, 2.0) if waited else self.timeout, behind=timed_out)
         if peer is not None:
             self.end_run(self._missing_text(peer, rec, why))
+        if timed_out:
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            self.end_run(f"dit: error: a collective waited parallel.timeout {self.timeout:g} s at step {self.step} "
+                         f"for a rank that did not join ({type(err).__name__}: {first}); rank {self.rank} ends the run "
+                         f"with exit code {STALLED_EXIT}; {self.output_dir / HEARTBEAT_DIR} shows each rank's last "
+                         f"step; {self._saved_text()}")
 
-    def _culprit(self):
-        """(rank, record, why) of the peer most likely missing: the longest silent, else the furthest behind."""
-        now, silent, behind = time.time(), [], []
-        quiet = max(3 * self.interval, 2.0)
+    def _culprit(self, quiet: float, behind: bool):
+        """(rank, record, why) of the peer most likely missing: one whose process on this host is gone,
+        else the longest silent (no write for `quiet` s), else (with `behind`) the furthest behind."""
+        now, host, found = time.time(), socket.gethostname(), []
         for peer in range(self.world_size):
-            if peer == self.rank:
-                continue
-            rec = read_heartbeat(heartbeat_path(self.output_dir, peer))
+            rec = read_heartbeat(heartbeat_path(self.output_dir, peer)) if peer != self.rank else None
             if rec is None or rec.get("state") != "running":
                 continue
             age = now - float(rec.get("time", 0))
-            if age >= quiet:
-                silent.append((-age, peer, rec, f"no heartbeat for {_ago(age)}"))
-            elif int(rec.get("step", 0)) < self.step:
+            if rec.get("host") == host and not _pid_alive(rec.get("pid")):
+                found.append((0, 0, peer, rec, f"its process {rec.get('pid')} on this host is gone"))
+            elif age >= quiet:
+                found.append((1, -age, peer, rec, f"no heartbeat for {_ago(age)}"))
+            elif behind and int(rec.get("step", 0)) < self.step:
                 lag = now - float(rec.get("step_time", now))
-                behind.append((int(rec["step"]), peer, rec, f"no step for {_ago(lag)} while this rank waited at "
-                                                            f"step {self.step}"))
-        found = sorted(silent)[:1] or sorted(behind)[:1]
-        return found[0][1:] if found else (None, None, None)
+                found.append((2, int(rec["step"]), peer, rec, f"no step for {_ago(lag)} while this rank waited "
+                                                              f"at step {self.step}"))
+        return min(found)[2:] if found else (None, None, None)
 
-    def _missing_text(self, peer: int, rec, why: str) -> str:
+    def _saved_text(self) -> str:
         from dit_trainer.checkpoint.files import latest_checkpoint, step_of
 
         last = latest_checkpoint(self.output_dir)
-        saved = (f"the last checkpoint saved is step {step_of(last)} ({last}); rerun the same command to resume "
-                 "from it" if last is not None else "no checkpoint was saved yet; rerun the same command to start again")
+        return (f"the last checkpoint saved is step {step_of(last)} ({last}); rerun the same command to resume "
+                "from it" if last is not None else "no checkpoint was saved yet; rerun the same command to start again")
+
+    def _missing_text(self, peer: int, rec, why: str) -> str:
         at = f", its last step {rec['step']}" if rec is not None and "step" in rec else ", never seen"
         return (f"dit: error: rank {peer} stopped responding ({why}{at}; parallel.timeout {self.timeout:g} s): "
-                f"rank {self.rank} ends the run with exit code {STALLED_EXIT}; {saved}")
+                f"rank {self.rank} ends the run with exit code {STALLED_EXIT}; {self._saved_text()}")
 
     def end_run(self, line: str) -> None:
         """Print `line`, mark this rank failed and exit at once (a hung collective cannot be left any
