@@ -142,6 +142,13 @@ def test_a_peer_whose_process_is_gone_is_named_at_once_and_a_timeout_without_cul
     assert "RuntimeError: Timed out waiting 500ms for send operation to complete)" in lines[0]
 
 
+@pytest.mark.parametrize("text", ["", "{", "[1, 2]", '{"time": "soon", "step_time": 1, "step": 2}', '{"time": 1}'])
+def test_a_damaged_heartbeat_reads_as_none(tmp_path, text):
+    (tmp_path / "rank00001.json").write_text(text)
+    assert hb.read_heartbeat(tmp_path / "rank00001.json") is None
+    assert hb.read_heartbeat(tmp_path / "missing.json") is None
+
+
 class SlowLatents(torch.utils.data.Dataset):
     def __init__(self, delay):
         g = torch.Generator().manual_seed(0)

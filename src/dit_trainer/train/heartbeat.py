@@ -10,9 +10,12 @@ The same thread watches its two neighbours' files (ranks r-1 and r+1): two reads
 many ranks the run has, and every rank is watched by two others. A peer whose file has not changed
 for `parallel.timeout` seconds is frozen or gone (SIGSTOP, a dead host, a swapped-out node): the
 watcher prints one line naming it and the last checkpoint saved, and exits with `STALLED_EXIT`
-instead of waiting inside a collective for ever. A peer that is alive but stopped stepping makes
-the collective it does not join fail after `parallel.timeout` (the process group's timeout);
-`Heartbeat.on_error` turns that failure into the same line, naming the rank furthest behind.
+instead of waiting inside a collective for ever. A collective that fails (a peer alive but not
+stepping makes it time out after `parallel.timeout`, the process group's timeout; a dead peer's
+connection closes at once) goes to `Heartbeat.on_error`, which ends the run with the same line
+when it finds the peer: its process on this host gone, its heartbeat silent, or its step behind.
+gloo's all_reduce, barrier and all_gather (FSDP's) all raise a RuntimeError after the timeout and
+release the GIL while they wait, so this thread keeps beating and watching meanwhile.
 """
 
 import json
@@ -41,13 +44,15 @@ def heartbeat_path(output_dir, rank: int) -> Path:
 
 
 def read_heartbeat(path):
-    """A heartbeat file's record, or None when it is missing or unreadable."""
+    """A heartbeat file's record, or None when it is missing, unreadable or not one."""
     try:
         with open(path, encoding="utf-8") as f:
             rec = json.load(f)
-    except (OSError, ValueError):
+        # The numbers the watchdog computes with, checked once here.
+        float(rec["time"]), float(rec["step_time"]), int(rec["step"])
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    return rec if isinstance(rec, dict) else None
+    return rec
 
 
 def _ago(seconds: float) -> str:
@@ -125,7 +130,11 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._done.wait(self.interval):
             self.write()
-            stale = self._stale_neighbour()
+            try:
+                stale = self._stale_neighbour()
+            except Exception as err:  # a fault of the watchdog must not end a run that trains
+                print(f"warning: heartbeat watchdog: {type(err).__name__}: {err}", file=sys.stderr)
+                continue
             if stale is not None:
                 peer, rec, silent = stale
                 self.end_run(self._missing_text(peer, rec, f"no heartbeat for {_ago(silent)}"))
@@ -152,17 +161,27 @@ class Heartbeat:
         timeout in a collective that timed out) silent for a few beats or behind; else returns (re-raise)."""
         if self.world_size == 1:
             return
+        try:
+            line = self._verdict(err)
+        except Exception:  # a fault of the watchdog must not hide the error it was asked about
+            line = None
+        if line is not None:
+            self.end_run(line)
+
+    def _verdict(self, err: BaseException):
+        """The line that ends the run for `err`, or None when no peer is missing."""
         waited = time.monotonic() - self._stepped >= self.timeout
         timed_out = waited and "timeout" in str(err).lower().replace("timed out", "timeout")
         peer, rec, why = self._culprit(quiet=max(3 * self.interval, 2.0) if waited else self.timeout, behind=timed_out)
         if peer is not None:
-            self.end_run(self._missing_text(peer, rec, why))
+            return self._missing_text(peer, rec, why)
         if timed_out:
             first = (str(err).strip().splitlines() or [""])[0][:200]
-            self.end_run(f"dit: error: a collective waited parallel.timeout {self.timeout:g} s at step {self.step} "
-                         f"for a rank that did not join ({type(err).__name__}: {first}); rank {self.rank} ends the run "
-                         f"with exit code {STALLED_EXIT}; {self.output_dir / HEARTBEAT_DIR} shows each rank's last "
-                         f"step; {self._saved_text()}")
+            return (f"dit: error: a collective waited parallel.timeout {self.timeout:g} s at step {self.step} for a "
+                    f"rank that did not join ({type(err).__name__}: {first}); rank {self.rank} ends the run with exit "
+                    f"code {STALLED_EXIT}; {self.output_dir / HEARTBEAT_DIR} shows each rank's last step; "
+                    f"{self._saved_text()}")
+        return None
 
     def _culprit(self, quiet: float, behind: bool):
         """(rank, record, why) of the peer most likely missing: one whose process on this host is gone,
