@@ -113,6 +113,8 @@ def test_a_failed_collective_names_the_rank_furthest_behind_once_the_timeout_pas
     beat.on_error(timed_out)
     assert lines == []  # this rank has not waited the timeout yet: the error is re-raised as it is
     time.sleep(1.1)
+    _peer(tmp_path, 1, step=9)  # still beating
+    _peer(tmp_path, 2, step=8, step_time=time.time() - 40)
     beat.on_error(ValueError("a bug of this rank's own"))
     assert lines == []  # not a collective that timed out, and no peer silent or gone: re-raised
     with pytest.raises(Ended):

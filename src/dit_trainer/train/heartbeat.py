@@ -31,6 +31,8 @@ HEARTBEAT_DIR = "heartbeat"
 STALLED_EXIT = 75
 # How long a forced exit waits for a checkpoint being renamed into place (and rotated) to finish.
 COMMIT_WAIT_S = 300.0
+# How long an error of the loop waits for a verdict on its peers before it is raised as it is.
+VERDICT_WAIT_S = 1.0
 
 
 def beat_interval(timeout: float) -> float:
@@ -161,16 +163,22 @@ class Heartbeat:
         timeout in a collective that timed out) silent for a few beats or behind; else returns (re-raise)."""
         if self.world_size == 1:
             return
-        try:
-            line = self._verdict(err)
-        except Exception:  # a fault of the watchdog must not hide the error it was asked about
-            line = None
+        # A peer killed a moment ago closed its sockets before it became a zombie: look again for a while.
+        waited = time.monotonic() - self._stepped >= self.timeout
+        end, line = time.monotonic() + VERDICT_WAIT_S, None
+        while line is None and time.monotonic() < end:
+            try:
+                line = self._verdict(err, waited)
+            except Exception:  # a fault of the watchdog must not hide the error it was asked about
+                return
+            if line is None:
+                time.sleep(0.1)
         if line is not None:
             self.end_run(line)
 
-    def _verdict(self, err: BaseException):
-        """The line that ends the run for `err`, or None when no peer is missing."""
-        waited = time.monotonic() - self._stepped >= self.timeout
+    def _verdict(self, err: BaseException, waited: bool):
+        """The line that ends the run for `err`, or None when no peer is missing; `waited`: whether this
+        rank had waited the timeout since its last step when the error came."""
         timed_out = waited and "timeout" in str(err).lower().replace("timed out", "timeout")
         peer, rec, why = self._culprit(quiet=max(3 * self.interval, 2.0) if waited else self.timeout, behind=timed_out)
         if peer is not None:
