@@ -88,7 +88,7 @@ class Heartbeat:
         self.peers = sorted({(rank - 1) % world_size, (rank + 1) % world_size} - {rank})
         self._seen = {}  # peer -> (its last record's write time, when that changed here, monotonic)
         self._done = threading.Event()
-        self._ending = threading.Lock()
+        self._ending, self._writing, self._sealed = threading.Lock(), threading.Lock(), False
         self._thread = None
 
     def beat(self, step: int) -> None:
@@ -104,15 +104,20 @@ class Heartbeat:
                 "timeout": self.timeout, "pid": os.getpid(), "host": socket.gethostname(), "state": state}
 
     def write(self, state: str = "running") -> None:
-        """Replace this rank's file atomically (a watcher never reads half a record)."""
+        """Replace this rank's file atomically (a watcher never reads half a record); the first record
+        that is not `running` is the last one written."""
         path = heartbeat_path(self.output_dir, self.rank)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(self.record(state)), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a full disk must not end the run here: the checkpoint writer reports it in one line
+        with self._writing:  # the thread's beat and the main thread's last record share the temporary name
+            if self._sealed:
+                return
+            self._sealed = state != "running"
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(self.record(state)), encoding="utf-8")
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a full disk must not end the run here: the checkpoint writer reports it in one line
 
     def __enter__(self):
         self.write()
