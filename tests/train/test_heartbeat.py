@@ -144,6 +144,27 @@ def test_a_peer_whose_process_is_gone_is_named_at_once_and_a_timeout_without_cul
     assert "RuntimeError: Timed out waiting 500ms for send operation to complete)" in lines[0]
 
 
+def test_ending_the_run_waits_for_a_checkpoint_being_committed(tmp_path):
+    """end_run prints its line, marks the rank failed and exits 75, but only once the commit lock is free."""
+    script = (
+        "import sys, threading, time\n"
+        "from dit_trainer.checkpoint.files import COMMIT_LOCK\n"
+        "from dit_trainer.train.heartbeat import Heartbeat\n"
+        "beat = Heartbeat(sys.argv[1], 0, 2, 5.0)\n"
+        "COMMIT_LOCK.acquire()  # a checkpoint being renamed into place and rotated\n"
+        "threading.Thread(target=beat.end_run, args=('dit: error: the line',)).start()\n"
+        "time.sleep(1.0)\n"
+        "print('commit finished', flush=True)\n"
+        "COMMIT_LOCK.release()\n"
+        "time.sleep(60)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == hb.STALLED_EXIT, run.stderr[-2000:]
+    assert run.stdout == "commit finished\n" and run.stderr == "dit: error: the line\n"
+    assert hb.read_heartbeat(hb.heartbeat_path(tmp_path, 0))["state"] == "failed"
+
+
 @pytest.mark.parametrize("text", ["", "{", "[1, 2]", '{"time": "soon", "step_time": 1, "step": 2}', '{"time": 1}'])
 def test_a_damaged_heartbeat_reads_as_none(tmp_path, text):
     (tmp_path / "rank00001.json").write_text(text)
@@ -275,7 +296,8 @@ def test_a_stopped_or_dead_rank_ends_the_run_within_the_timeout_in_one_line(tmp_
     assert f"exitcode  : {hb.STALLED_EXIT}" in err or f"exitcode: {hb.STALLED_EXIT}" in err, err[-2000:]
     assert hb.read_heartbeat(hb.heartbeat_path(out, survivor_rank))["state"] == "failed"
     # The newest checkpoint is whole and resumes on one process (its DCP shards resharded 2 -> 1).
-    verify_checkpoint(newest)
+    for path in list_checkpoints(out):
+        verify_checkpoint(path)  # every file as its manifest says
     cfg = tiny_config(tmp_path / "load", parallel={"timeout": timeout},
                       train={"max_steps": 400, "global_batch_size": 4, "seed": 1})
     trainer = DiTTrainer(cfg, dataset=SlowLatents(0.0))
