@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import torch
@@ -192,6 +193,16 @@ def commit_checkpoint(tmp: Path, keep: int = 0, whole=None, keep_steps=()) -> Pa
     (a truncated newer one, say) is never kept in a good one's place: it does not count. `whole` is
     a set of checkpoint names already known whole (the caller's cache); the one committed joins it.
     """
+    with COMMIT_LOCK:
+        return _commit(tmp, keep, whole, keep_steps)
+
+
+# Held while a checkpoint is renamed into place and older ones are deleted: a forced exit (the
+# heartbeat watchdog's) waits for it, so it never leaves a rotation half done.
+COMMIT_LOCK = threading.Lock()
+
+
+def _commit(tmp: Path, keep: int, whole, keep_steps) -> Path:
     final = tmp.with_name(tmp.name.removesuffix(".tmp"))
     if final.exists():
         shutil.rmtree(final)

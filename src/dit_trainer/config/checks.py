@@ -57,6 +57,7 @@ _RANGES = (
     ("parallel.tp", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
     ("parallel.pp", lambda v: v > 0 or v == -1, "-1 (the rest of the world size) or a positive integer"),
     ("parallel.pp_microbatches", lambda v: v > 0, "a positive integer"),
+    ("parallel.timeout", lambda v: v > 0 and math.isfinite(v), "a positive number of seconds such as 600"),
 )
 
 ENGINES = ("torch", "mindspore")

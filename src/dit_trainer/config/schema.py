@@ -166,6 +166,7 @@ class ParallelConfig:
     pp_microbatches: int = 4  # micro-batches per pipeline step
     reshard_after_forward: bool = True  # FSDP frees gathered weights after forward (less memory, more traffic)
     backend: str = "auto"  # auto | nccl | gloo; auto: nccl on GPU, gloo on CPU
+    timeout: float = 600.0  # seconds a rank waits for a missing peer (a collective, or a heartbeat that stopped) before the run ends with one line naming it; 600 is NCCL's own default, long enough for a first compiled step or a checkpoint save
 
 
 @dataclass

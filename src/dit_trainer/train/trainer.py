@@ -32,6 +32,7 @@ from dit_trainer.phema import snapshots, tracker
 from dit_trainer.train import preflight, resume
 from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
 from dit_trainer.train.eval_during_training import TrainingFID
+from dit_trainer.train.heartbeat import Heartbeat
 from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
@@ -309,10 +310,15 @@ class DiTTrainer:
         metrics. `max_steps_name`: how messages name that limit (a command passes its own flag)."""
         self._stop = None
         self.update.clear_stop()
-        with StopSignals(self.request_stop), RunLock(self.cfg.output_dir, self.dims.is_main):
+        with StopSignals(self.request_stop), RunLock(self.cfg.output_dir, self.dims.is_main), \
+                Heartbeat(self.cfg.output_dir, self.dims.rank, self.dims.world_size, self.cfg.parallel.timeout,
+                          self.step) as self.heartbeat:
             try:
                 return self._train(max_steps_name)
-            except OSError as err:
+            except Exception as err:
+                self.heartbeat.on_error(err)  # a peer that stopped answering: one line naming it, and exit
+                if not isinstance(err, OSError):
+                    raise
                 # A full disk or failing mount under metrics, TensorBoard, grids or config.yaml: one line.
                 raise CheckpointError(f"{write_error_text(self.cfg.output_dir, err)}; free space or fix the "
                                       f"mount ({self._kept_checkpoint()})") from None
@@ -352,8 +358,10 @@ class DiTTrainer:
         t0, step0 = time.perf_counter(), self.step
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        self.heartbeat.beat(self.step)
         while self.step < cfg.train.max_steps:
             self.queue_step(next(self.loader))
+            self.heartbeat.beat(self.step)
             bar.update(1)
             if self.step % cfg.logging.log_steps == 0 or self.step == cfg.train.max_steps:
                 last = metrics_line(self.update.read_losses(), self.lr_scheduler.get_last_lr()[0],
