@@ -1,0 +1,130 @@
+"""The encoder's side of REPA: a frozen vision encoder that turns the clean images of a batch into
+the patch tokens the projector is pulled towards.
+
+The encoder is no part of the model: it is frozen, in eval mode, run under no_grad (and the run's
+autocast), replicated whole on every rank, and never saved, optimised or exported.
+"""
+
+import torch
+import torch.nn as nn
+
+from dit_trainer.errors import ConfigError, DataError
+
+
+def _build(r, weights=None) -> nn.Module:
+    from dit_trainer.encoders import build_encoder
+
+    return build_encoder(r.encoder, weights=weights, **dict(r.encoder_overrides))
+
+
+_SHAPES = {}  # (name, overrides) -> (embed_dim, patch_size)
+
+
+def encoder_shape(r) -> tuple:
+    """(embed_dim, patch_size) of the encoder `r` (a RepaConfig) names, without building its weights."""
+    key = (r.encoder, repr(sorted(r.encoder_overrides.items())))
+    if key not in _SHAPES:
+        from dit_trainer.encoders import build_encoder
+
+        # On the meta device: the shape only, no memory and no weights read.
+        with torch.device("meta"):
+            enc = build_encoder(r.encoder, weights=None, **dict(r.encoder_overrides))
+        _SHAPES[key] = int(enc.embed_dim), int(enc.patch_size)
+    return _SHAPES[key]
+
+
+def encoder_width(r) -> int:
+    """The width of the encoder's patch tokens: the projector's output size."""
+    return encoder_shape(r)[0]
+
+
+def encoder_size(r, grid: int) -> int:
+    """The encoder's input side: `repa.encoder_size`, or the one whose patch grid is the model's `grid`
+    tokens per side; a one-line error when the two grids differ."""
+    patch = encoder_shape(r)[1]
+    size = r.encoder_size or grid * patch
+    if size // patch != grid:
+        raise ConfigError(f"repa.encoder_size {size} gives the encoder a {size // patch}x{size // patch} patch grid but "
+                          f"the model has {grid}x{grid} tokens; set repa.encoder_size {grid * patch} (or 0)")
+    return size
+
+
+class AlignmentTargets:
+    """The frozen encoder on this rank and the targets (B, N, D) it gives for a batch of images."""
+
+    def __init__(self, r, grid: int, device, amp_dtype=None):
+        self.size = encoder_size(r, grid)
+        encoder = _build(r, r.encoder_weights)
+        self.encoder = encoder.requires_grad_(False).eval().to(device)
+        self.device, self.amp_dtype = torch.device(device), amp_dtype
+        self.tokens = grid * grid
+
+    def num_parameters(self) -> int:
+        """The encoder's parameter count (for the plan and the logs; none of them trains)."""
+        return sum(p.numel() for p in self.encoder.parameters())
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """float32 (B, N, D) patch tokens of `images` (B, C, H, W) in [0, 1]; one channel is repeated to three."""
+        if images.shape[1] == 1:
+            images = images.expand(-1, 3, -1, -1)
+        self.encoder.eval()
+        images = images.to(self.device, dtype=torch.float32)
+        if self.amp_dtype is not None:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype):
+                tokens, _ = self.encoder.encode(images, self.size)
+        else:
+            tokens, _ = self.encoder.encode(images, self.size)
+        if tokens.shape[1] != self.tokens:
+            raise ConfigError(f"the encoder gave {tokens.shape[1]} patch tokens for the model's {self.tokens}; "
+                              "set repa.encoder_size to the model's tokens per side x the encoder's patch size")
+        return tokens.float()
+
+
+def check_images(dataset, path) -> None:
+    """A one-line error when REPA is on and `dataset` cannot give the clean images it needs."""
+    if getattr(dataset, "pixel_space", False) or getattr(dataset, "has_images", False):
+        return
+    raise DataError(f"repa.enabled needs the clean images beside the latents, and {path} holds latents only; "
+                    "train on the image folder itself (its latent cache keeps them) or re-extract with "
+                    "`dit extract --keep-images`, or set repa.enabled false")
+
+
+def batch_images(batch, x: torch.Tensor, pixel_space: bool) -> torch.Tensor:
+    """The batch's clean images as float (B, C, H, W) in [0, 1]: the stored uint8 images, or the data
+    itself where it is pixels in [-1, 1] (the digits)."""
+    if isinstance(batch, dict) and "image" in batch:
+        image = batch["image"]
+        return image.float() / 255.0 if image.dtype == torch.uint8 else image.float()
+    if pixel_space:
+        return ((x.float() + 1.0) / 2.0).clamp(0.0, 1.0)
+    raise DataError("repa.enabled needs the clean images, and this batch holds latents only; re-extract the "
+                    "data with `dit extract --keep-images` or set repa.enabled false")
+
+
+class Alignment:
+    """What a training run needs of REPA beside the model: the frozen encoder, and the targets it
+    adds to each step's draws from the batch's clean images."""
+
+    def __init__(self, cfg, model, device, amp_dtype=None):
+        self.targets = AlignmentTargets(cfg.repa, model.input_size // model.patch_size, device, amp_dtype)
+        self.path = cfg.data.path
+        self.pixel_space = False
+
+    @classmethod
+    def for_run(cls, cfg, model, device, amp_dtype=None):
+        """The run's Alignment, or None when repa.enabled is off."""
+        r = getattr(cfg, "repa", None)
+        return cls(cfg, model, device, amp_dtype) if r is not None and r.enabled else None
+
+    def check_data(self, dataset) -> None:
+        """A one-line error when `dataset` holds no images; remembers whether it is pixels itself."""
+        check_images(dataset, self.path)
+        self.pixel_space = bool(getattr(dataset, "pixel_space", False))
+
+    def add_targets(self, batch, x, draws: dict) -> dict:
+        """`draws` with the encoder's targets of this rank's images (no randomness is drawn)."""
+        from dit_trainer.repa.objective import TARGET
+
+        draws[TARGET] = self.targets(batch_images(batch, x, self.pixel_space))
+        return draws
