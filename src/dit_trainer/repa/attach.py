@@ -26,6 +26,14 @@ def attach_projector(model, cfg):
     return model
 
 
+def aligned_depth(model) -> int:
+    """The block whose output the projector reads (1-based); a ValueError for a model without one."""
+    depth = getattr(model, "repa_depth", None)
+    if depth is None:
+        raise ValueError("this model has no REPA projector; build it with repa.enabled true")
+    return depth
+
+
 def project(model, hidden):
     """The projector's (B, N, z_dim) output for the aligned block's (B, N, D) tokens."""
     projector = getattr(model, PROJECTOR, None)

@@ -17,20 +17,12 @@ def _build(r, weights=None) -> nn.Module:
     return build_encoder(r.encoder, weights=weights, **dict(r.encoder_overrides))
 
 
-_SHAPES = {}  # (name, overrides) -> (embed_dim, patch_size)
-
-
 def encoder_shape(r) -> tuple:
-    """(embed_dim, patch_size) of the encoder `r` (a RepaConfig) names, without building its weights."""
-    key = (r.encoder, repr(sorted(r.encoder_overrides.items())))
-    if key not in _SHAPES:
-        from dit_trainer.encoders import build_encoder
+    """(embed_dim, patch_size) of the encoder `r` (a RepaConfig) names, without building it."""
+    from dit_trainer.encoders import shape_of
 
-        # On the meta device: the shape only, no memory and no weights read.
-        with torch.device("meta"):
-            enc = build_encoder(r.encoder, weights=None, **dict(r.encoder_overrides))
-        _SHAPES[key] = int(enc.embed_dim), int(enc.patch_size)
-    return _SHAPES[key]
+    shape = shape_of(r.encoder, **dict(r.encoder_overrides))
+    return int(shape.embed_dim), int(shape.patch_size)
 
 
 def encoder_width(r) -> int:

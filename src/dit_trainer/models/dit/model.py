@@ -16,7 +16,7 @@ from dit_trainer.models.guidance import guided_forward
 from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, get_2d_sincos_pos_embed, set_io,
                                        timestep_embedding, unpatchify)
 from dit_trainer.models.routing import run_blocks
-from dit_trainer.repa.attach import project
+from dit_trainer.repa.attach import aligned_depth, project
 
 
 def modulate(x, shift, scale):
@@ -208,7 +208,7 @@ class DiT(nn.Module):
         tokens, c = self.embed(x, t, y, force_drop_ids)
         route = route if self.training else None
         if repa:
-            tokens, hidden = run_blocks(self.blocks, tokens, c, route, rotary=self.rope, capture=self.repa_depth)
+            tokens, hidden = run_blocks(self.blocks, tokens, c, route, rotary=self.rope, capture=aligned_depth(self))
             return self.head(tokens, c), project(self, hidden)
         tokens = run_blocks(self.blocks, tokens, c, route, rotary=self.rope)
         return self.head(tokens, c)

@@ -18,7 +18,7 @@ from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, co
 from dit_trainer.models.large_dit.sizes import SIZES
 from dit_trainer.models.routing import run_blocks
 from dit_trainer.models.spec import build_kwargs
-from dit_trainer.repa.attach import attach_projector, project
+from dit_trainer.repa.attach import aligned_depth, attach_projector, project
 
 
 class TimestepEmbedder(_DiTTimestepEmbedder):
@@ -138,7 +138,7 @@ class DiT_Llama(nn.Module):
         tokens, c = self.embed(x, t, y, force_drop_ids)
         route = route if self.training else None
         if repa:
-            tokens, hidden = run_blocks(self._iter_layers(), tokens, c, route, rotary=True, capture=self.repa_depth)
+            tokens, hidden = run_blocks(self._iter_layers(), tokens, c, route, rotary=True, capture=aligned_depth(self))
             return self.head(tokens, c), project(self, hidden)
         tokens = run_blocks(self._iter_layers(), tokens, c, route, rotary=True)
         return self.head(tokens, c)
