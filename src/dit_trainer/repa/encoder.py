@@ -75,7 +75,9 @@ class AlignmentTargets:
 
 def check_images(dataset, path) -> None:
     """A one-line error when REPA is on and `dataset` cannot give the clean images it needs."""
-    if getattr(dataset, "pixel_space", False) or getattr(dataset, "has_images", False):
+    if getattr(dataset, "stored_images", False):
+        dataset.return_images = True  # shards of `dit extract --keep-images`: read their images too
+    if getattr(dataset, "pixel_space", False) or getattr(dataset, "return_images", False):
         return
     raise DataError(f"repa.enabled needs the clean images beside the latents, and {path} holds latents only; "
                     "train on the image folder itself (its latent cache keeps them) or re-extract with "
