@@ -42,6 +42,20 @@ def project(model, hidden):
     return projector(hidden)
 
 
+def is_projector_key(key: str) -> bool:
+    """Whether a state-dict key belongs to the REPA projector."""
+    return key.startswith(PROJECTOR + ".")
+
+
 def drop_projector(state: dict) -> dict:
     """`state` without the projector's keys (exports and sampling carry the denoiser only)."""
-    return {k: v for k, v in state.items() if not (k == PROJECTOR or k.startswith(PROJECTOR + "."))}
+    return {k: v for k, v in state.items() if not is_projector_key(k)}
+
+
+def fit_projector(model, state: dict) -> dict:
+    """Weights to start `model` from: the projector of `state` where `model` has one of its shape, else
+    `model`'s own fresh projector; none where `model` has none (a REPA run's weights start a plain one)."""
+    own = {k: v for k, v in model.state_dict().items() if is_projector_key(k)}
+    theirs = {k: v for k, v in state.items() if is_projector_key(k)}
+    fits = theirs.keys() == own.keys() and all(theirs[k].shape == own[k].shape for k in own)
+    return {**drop_projector(state), **(theirs if fits else own)}
