@@ -1,7 +1,7 @@
 """REPA settings small enough for tests: a random-weight DINOv2-shaped encoder of one block."""
 
 TINY_ENCODER = {"embed_dim": 16, "depth": 1, "num_heads": 2, "img_size": 56}
-TINY_REPA = {"enabled": True, "projector_dim": 32, "encoder_overrides": TINY_ENCODER}
+TINY_REPA = {"enabled": True, "projector_dim": 32, "encoder_weights": "random", "encoder_overrides": TINY_ENCODER}
 
 
 def digits_config(out, steps=10, **sections):

@@ -2,8 +2,6 @@
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
-
 from dit_trainer.errors import ConfigError
 
 # REPA's SiT-XL/2 aligns the output of block 8 of 28; other depths keep that share.
@@ -17,7 +15,7 @@ class RepaConfig:
     enabled: bool = False  # add REPA's alignment loss: an MLP on the tokens after block encoder_depth is pulled towards a frozen encoder's patch tokens of the clean image (the data must hold the images: digits, an image folder, or dit extract --keep-images shards)
     coefficient: float = 0.5  # weight of the alignment loss added to the denoising loss (REPA's proj_coeff), > 0
     encoder: str = "dinov2_vitb14"  # the frozen encoder, a name dit_trainer.encoders knows (DINOv2 ViT-S/B/L/g /14, with _reg for registers)
-    encoder_weights: Optional[str] = None  # the encoder's weights: a checkpoint file, a transformers folder or an id; None: as the encoders package finds them
+    encoder_weights: str = "torch.hub"  # the encoder's weights: torch.hub (the official file torch.hub.load left in its cache, as REPA loads it), a torch-hub .pth file, a transformers folder or a cached Hugging Face id (facebook/dinov2-base); random: random weights (tests)
     encoder_overrides: dict = field(default_factory=dict)  # architecture keys passed to the encoder's builder (tests use tiny random encoders, e.g. {embed_dim: 32, depth: 2, num_heads: 2})
     encoder_depth: int = 0  # align the tokens after this many blocks; 0: REPA's 8 of 28 scaled to the model's depth (round(depth * 8 / 28), at least 1)
     projector_dim: int = 2048  # width of the projector MLP (Linear, SiLU, Linear, SiLU, Linear to the encoder's width)

@@ -10,6 +10,8 @@ import torch.nn as nn
 
 from dit_trainer.errors import ConfigError, DataError
 
+RANDOM = "random"  # repa.encoder_weights of a random-weight encoder (tests)
+
 
 def _build(r, weights=None) -> nn.Module:
     from dit_trainer.encoders import build_encoder
@@ -46,7 +48,7 @@ class AlignmentTargets:
 
     def __init__(self, r, grid: int, device, amp_dtype=None):
         self.size = encoder_size(r, grid)
-        encoder = _build(r, r.encoder_weights)
+        encoder = _build(r, None if r.encoder_weights == RANDOM else r.encoder_weights)
         self.encoder = encoder.requires_grad_(False).eval().to(device)
         self.device, self.amp_dtype = torch.device(device), amp_dtype
         self.tokens = grid * grid

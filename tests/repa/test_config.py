@@ -1,0 +1,35 @@
+"""The `repa:` section: off by default, and configs/repa_sit_xl2.yaml is REPA's SiT-XL/2 recipe."""
+
+from pathlib import Path
+
+import torch
+
+from dit_trainer.config import Config, build_config
+from dit_trainer.models import get_spec
+from dit_trainer.repa.encoder import encoder_size
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "repa_sit_xl2.yaml"
+
+
+def test_off_by_default_and_absent_from_the_release_model():
+    assert Config().repa.enabled is False
+    cfg = build_config({"model": {"name": "SiT-XL/2"}})
+    with torch.device("meta"):
+        model = get_spec("SiT-XL/2").build_model_fn(cfg)
+    assert not any(k.startswith("repa") for k in model.state_dict())
+
+
+def test_the_recipe_is_repas_sit_xl2():
+    cfg = build_config(RECIPE)
+    r = cfg.repa
+    assert (r.enabled, r.coefficient, r.encoder, r.encoder_depth, r.projector_dim) == (True, 0.5, "dinov2_vitb14", 8, 2048)
+    assert (cfg.objective, cfg.transport.path_type, cfg.transport.prediction, cfg.transport.t_sampler) == (
+        "transport", "Linear", "velocity", "uniform")
+    assert (cfg.optim.lr, cfg.optim.max_grad_norm, cfg.train.global_batch_size, cfg.model.learn_sigma) == (
+        1e-4, 1.0, 256, False)
+    with torch.device("meta"):
+        model = get_spec(cfg.model.name).build_model_fn(cfg)
+    mlp = model.repa_projector
+    assert model.repa_depth == 8 and len(model.blocks) == 28
+    assert [(mlp[i].in_features, mlp[i].out_features) for i in (0, 2, 4)] == [(1152, 2048), (2048, 2048), (2048, 768)]
+    assert encoder_size(r, model.input_size // model.patch_size) == 224
