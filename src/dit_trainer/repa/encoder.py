@@ -113,6 +113,14 @@ class Alignment:
         r = getattr(cfg, "repa", None)
         return cls(cfg, model, device, amp_dtype) if r is not None and r.enabled else None
 
+    def flops_per_image(self, model) -> float:
+        """What REPA adds to a training step's FLOPs per image: the projector's forward and backward on every
+        token (2 + 4 per multiply-add), and the frozen encoder's forward."""
+        from dit_trainer.encoders import encoder_flops
+
+        weights = sum(m.weight.numel() for m in model.repa_projector if hasattr(m, "weight"))
+        return 6.0 * weights * self.targets.tokens + encoder_flops(self.targets.encoder, self.targets.size)
+
     def check_data(self, dataset) -> None:
         """A one-line error when `dataset` holds no images; remembers whether it is pixels itself."""
         check_images(dataset, self.path)

@@ -80,6 +80,8 @@ class DiTTrainer:
         # Counted on the whole model, before parallelism splits its weights (routed blocks on their kept tokens).
         routed = {"tokens_per_block": self.routing.tokens_per_block()} if self.routing else {}
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
+        if self.flops_per_image is not None and self.alignment is not None:  # the projector's and the encoder's
+            self.flops_per_image += self.alignment.flops_per_image(model)
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         compiled = cfg.train.compile == "true"
         # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
