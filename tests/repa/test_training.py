@@ -51,19 +51,21 @@ def _same_weights(a, b):
 
 
 def test_resume_is_bitwise(tmp_path):
-    def cfg(out, steps):
-        return digits_config(out, steps=steps, data={"random_flip": True},
-                             train={"grad_accum_steps": 2}, checkpoint={"save_steps": 3})
+    def cfg(out, steps, **checkpoint):
+        # The log window (steps 1-4) spans the checkpoint at step 3: its alignment losses resume too.
+        return digits_config(out, steps=steps, data={"random_flip": True}, logging={"log_steps": 4},
+                             train={"grad_accum_steps": 2}, checkpoint={"save_steps": 3, **checkpoint})
 
     straight = DiTTrainer(cfg(tmp_path / "a", 6))
     straight.train()
-    DiTTrainer(cfg(tmp_path / "b", 3)).train()
-    resumed = DiTTrainer(cfg(tmp_path / "b", 6))
+    DiTTrainer(cfg(tmp_path / "b", 6)).train()
+    resumed = DiTTrainer(cfg(tmp_path / "b", 6, resume_from=3))  # as after a crash past step 3
     resumed.train()
     assert resumed.step == 6
     _same_weights(straight.model, resumed.model)
     _same_weights(straight.ema, resumed.ema)
     a, b = read_metrics(tmp_path / "a" / "metrics.jsonl"), read_metrics(tmp_path / "b" / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [4, 6]
     assert [(r["loss"], r["repa_loss"]) for r in a] == [(r["loss"], r["repa_loss"]) for r in b]
 
 

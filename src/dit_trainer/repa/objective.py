@@ -11,6 +11,7 @@ from dit_trainer.objective import Objective
 from dit_trainer.repa.projector import alignment_loss
 
 TARGET = "repa_target"  # the draws' key of the encoder's (B, N, D) patch tokens
+WINDOW = "repa_loss_window"  # the trainer state's key of the unlogged alignment losses: [sum, micro-batches]
 
 
 class AlignedObjective(Objective):
@@ -39,12 +40,25 @@ class AlignedObjective(Objective):
         return self.base.model_input(x, draws)
 
     def state_dict(self):
-        """The base objective's state."""
-        return self.base.state_dict()
+        """The base objective's state and the alignment loss's window since the last read (its mean over
+        the ranks: a collective, as every rank saves)."""
+        window = None
+        if self._count:
+            total = self._sum.detach().clone()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # TP/PP peers hold their replica's value: the world's mean is the data-parallel mean.
+                torch.distributed.all_reduce(total)
+                total /= torch.distributed.get_world_size()
+            window = [float(total), self._count]
+        return {**self.base.state_dict(), WINDOW: window}
 
     def load_state_dict(self, state):
-        """Restore the base objective's state."""
+        """Restore the base objective's state and the alignment loss's window."""
         self.base.load_state_dict(state)
+        window = state.get(WINDOW)
+        self._sum, self._count = None, 0
+        if window is not None:
+            self._sum, self._count = torch.tensor(window[0], dtype=torch.float64), int(window[1])
 
     def check_sampler(self, sampler):
         """The base objective's samplers."""
@@ -69,7 +83,7 @@ class AlignedObjective(Objective):
         align = alignment_loss(projected, draws[TARGET])
         self._denoising = denoising.detach()
         mean = align.detach().mean().double()
-        self._sum = mean if self._sum is None else self._sum + mean
+        self._sum = mean if self._sum is None else self._sum.to(mean.device) + mean
         self._count += 1
         return denoising + self.coefficient * align
 
