@@ -33,3 +33,8 @@ def test_the_recipe_is_repas_sit_xl2():
     assert model.repa_depth == 8 and len(model.blocks) == 28
     assert [(mlp[i].in_features, mlp[i].out_features) for i in (0, 2, 4)] == [(1152, 2048), (2048, 2048), (2048, 768)]
     assert encoder_size(r, model.input_size // model.patch_size) == 224
+
+
+def test_encoder_overrides_from_the_command_line():
+    cfg = build_config(None, ["--repa.enabled", "true", "--repa.encoder_overrides", "{embed_dim: 16, depth: 1, num_heads: 2}"])
+    assert cfg.repa.encoder_overrides == {"embed_dim": 16, "depth": 1, "num_heads": 2}
