@@ -2,7 +2,7 @@
 
 import torch
 
-from dit_trainer.encoders.preprocess import check_size, preprocess
+from dit_trainer.encoders.preprocessing import check_size, preprocess
 from dit_trainer.encoders.vit import DinoViT, VitShape
 
 

@@ -34,14 +34,16 @@ _BLOCK = [
 ]
 _QKV = ("query", "key", "value")
 # Wrappers transformers and dinov2's training code put around the backbone's names.
-_PREFIXES = ("dinov2.", "backbone.", "module.")
+_PREFIXES = ("dinov2.", "dinov2_with_registers.", "backbone.", "module.")
 
 
 def strip_prefixes(state_dict: dict) -> dict:
-    """The state dict with a common wrapper prefix (dinov2., backbone., module.) removed from every key."""
+    """The backbone's tensors of a wrapped state dict: keys under a wrapper prefix (dinov2.,
+    dinov2_with_registers., backbone., module.) with it removed; the wrapper's own tensors (a classifier,
+    a DINO head) are left out."""
     for prefix in _PREFIXES:
-        if state_dict and all(k.startswith(prefix) for k in state_dict):
-            state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+        if any(k.startswith(prefix) for k in state_dict):
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     return state_dict
 
 

@@ -27,7 +27,11 @@ def read_state_dict(path: str) -> dict:
 
             state = load_file(path)
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            try:
+                # mmap: ViT-g's 4.5 GB are paged in as they are copied, not held twice.
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # a pre-1.6 (non-zip) file cannot be mapped
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
         raise CheckpointError(f"cannot read encoder weights {path} ({one_line(err)}); pass the torch-hub "
                               f".pth file or a transformers folder") from None

@@ -1,12 +1,8 @@
-"""The DINOv2 encoders by name, their sizes and where their weights are published, and `build_encoder`."""
+"""The DINOv2 encoders by name: their sizes and where their weights are published."""
 
 import dataclasses
-from typing import Optional
 
-import torch
-
-from dit_trainer.encoders.encoder import Encoder
-from dit_trainer.encoders.vit import VitShape
+from dit_trainer.encoders.shape import VitShape
 from dit_trainer.errors import ConfigError
 
 _SIZES = {  # letter: (embed_dim, depth, num_heads, swiglu, Hugging Face size word)
@@ -73,18 +69,3 @@ def hf_id(name: str) -> str:
     letter = name.removesuffix("_reg")[len("dinov2_vit")]
     word = _SIZES[letter][4]
     return f"facebook/dinov2-with-registers-{word}" if name.endswith("_reg") else f"facebook/dinov2-{word}"
-
-
-def build_encoder(name: str, weights: Optional[str] = None, device=None, dtype: Optional[torch.dtype] = None,
-                  **overrides) -> Encoder:
-    """A frozen, eval-mode DINOv2 encoder `name`: random init when `weights` is None, else loaded from a
-    torch-hub .pth file, a transformers folder or a Hugging Face id in the local cache."""
-    shape = shape_of(name, **overrides)
-    encoder = Encoder(shape, name=name)
-    if weights is not None:
-        from dit_trainer.encoders.loading import load_weights
-
-        load_weights(encoder, weights)
-    if device is not None or dtype is not None:
-        encoder = encoder.to(device=device, dtype=dtype)
-    return encoder

@@ -6,36 +6,11 @@ Only the inference path is here: no drop path, no masking, no nested tensors.
 """
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True)
-class VitShape:
-    """The hyper-parameters that fix a DINOv2 ViT's weights and its position-embedding convention."""
-
-    embed_dim: int
-    depth: int
-    num_heads: int
-    mlp_ratio: float = 4.0
-    swiglu: bool = False
-    num_register_tokens: int = 0
-    patch_size: int = 14
-    img_size: int = 518
-    in_chans: int = 3
-    # dinov2's interpolate_pos_encoding: the models without registers scale by (n + 0.1) / M without
-    # antialiasing (an old floating-point work-around kept for their weights); those with registers
-    # ask for the size with antialiasing.
-    interpolate_offset: float = 0.1
-    interpolate_antialias: bool = False
-
-
-def swiglu_hidden(dim: int, mlp_ratio: float) -> int:
-    """Hidden width of dinov2's fused SwiGLU: 2/3 of the MLP width, rounded up to a multiple of 8."""
-    return (int(int(dim * mlp_ratio) * 2 / 3) + 7) // 8 * 8
+from dit_trainer.encoders.shape import VitShape, swiglu_hidden
 
 
 class Attention(nn.Module):
@@ -186,10 +161,12 @@ class DinoViT(nn.Module):
         """Class token, register tokens, then patch tokens, with position embeddings on class and patches."""
         b, _, h, w = x.shape
         x = self.patch_embed(x)
-        x = torch.cat([self.cls_token.expand(b, -1, -1).to(x.dtype), x], dim=1)
-        x = x + self.interpolate_pos_encoding(h, w).to(x.dtype)
+        # No casts: under autocast the float32 tokens promote the patch embedding's bf16 output, so the
+        # residual stream stays float32 as in dinov2.
+        x = torch.cat([self.cls_token.expand(b, -1, -1), x], dim=1)
+        x = x + self.interpolate_pos_encoding(h, w)
         if self.register_tokens is not None:
-            x = torch.cat([x[:, :1], self.register_tokens.expand(b, -1, -1).to(x.dtype), x[:, 1:]], dim=1)
+            x = torch.cat([x[:, :1], self.register_tokens.expand(b, -1, -1), x[:, 1:]], dim=1)
         return x
 
     def forward_features(self, x) -> dict:
