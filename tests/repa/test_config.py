@@ -6,7 +6,7 @@ import torch
 
 from dit_trainer.config import Config, build_config
 from dit_trainer.models import get_spec
-from dit_trainer.repa.encoder import encoder_size
+from dit_trainer.repa.config import encoder_size
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "repa_sit_xl2.yaml"
 
@@ -38,3 +38,14 @@ def test_the_recipe_is_repas_sit_xl2():
 def test_encoder_overrides_from_the_command_line():
     cfg = build_config(None, ["--repa.enabled", "true", "--repa.encoder_overrides", "{embed_dim: 16, depth: 1, num_heads: 2}"])
     assert cfg.repa.encoder_overrides == {"embed_dim": 16, "depth": 1, "num_heads": 2}
+
+
+def test_an_unknown_encoder_or_override_is_one_line():
+    import pytest
+
+    from dit_trainer.errors import ConfigError
+
+    for repa, word in (({"encoder": "dinov3_vitb16"}, "dinov3_vitb16"), ({"encoder_overrides": {"width": 3}}, "width")):
+        with pytest.raises(ConfigError) as err:
+            build_config({"repa": {"enabled": True, **repa}})
+        assert word in str(err.value) and "\n" not in str(err.value)

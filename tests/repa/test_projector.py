@@ -117,7 +117,7 @@ def test_pipeline_parallel_is_refused_in_one_line():
 
 
 def test_encoder_input_size_matches_the_token_grid():
-    from dit_trainer.repa.encoder import encoder_size
+    from dit_trainer.repa.config import encoder_size
 
     r = build_config({"repa": {"enabled": True}}).repa
     assert encoder_size(r, 16) == 224  # REPA's 224 px for a /2 model on 256 px images

@@ -18,7 +18,7 @@ def attach_projector(model, cfg):
     r = getattr(cfg, "repa", None)
     if r is None or not getattr(r, "enabled", False):
         return model
-    from dit_trainer.repa.encoder import encoder_width
+    from dit_trainer.repa.config import encoder_width
     from dit_trainer.repa.projector import build_projector
 
     model.repa_depth = resolve_depth(r, len(model.blocks))

@@ -38,6 +38,7 @@ def check_repa(cfg) -> None:
         raise ConfigError(f"repa.encoder is {r.encoder!r}; name an encoder such as dinov2_vitb14")
     if not isinstance(r.encoder_overrides, dict):
         raise ConfigError(f"repa.encoder_overrides must be a mapping of architecture keys, got {r.encoder_overrides!r}")
+    encoder_shape(r)  # an unknown encoder or override is one line here, before any model is built
     if getattr(cfg, "backend", "torch") != "torch":
         raise ConfigError("repa.enabled runs on the torch backend only; set backend torch or repa.enabled false")
     par = getattr(cfg, "parallel", None)
@@ -53,3 +54,27 @@ def resolve_depth(r, blocks: int) -> int:
         raise ConfigError(f"repa.encoder_depth {depth} is past the model's {blocks} blocks; pick 1..{blocks} "
                           "or 0 (REPA's 8 of 28 scaled)")
     return depth
+
+
+def encoder_shape(r) -> tuple:
+    """(embed_dim, patch_size) of the encoder `r` (a RepaConfig) names, without building it."""
+    from dit_trainer.encoders import shape_of
+
+    shape = shape_of(r.encoder, **dict(r.encoder_overrides))
+    return int(shape.embed_dim), int(shape.patch_size)
+
+
+def encoder_width(r) -> int:
+    """The width of the encoder's patch tokens: the projector's output size."""
+    return encoder_shape(r)[0]
+
+
+def encoder_size(r, grid: int) -> int:
+    """The encoder's input side: `repa.encoder_size`, or the one whose patch grid is the model's `grid`
+    tokens per side; a one-line error when the two grids differ."""
+    patch = encoder_shape(r)[1]
+    size = r.encoder_size or grid * patch
+    if size // patch != grid:
+        raise ConfigError(f"repa.encoder_size {size} gives the encoder a {size // patch}x{size // patch} patch grid but "
+                          f"the model has {grid}x{grid} tokens; set repa.encoder_size {grid * patch} (or 0)")
+    return size

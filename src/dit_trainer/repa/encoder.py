@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.errors import ConfigError, DataError
+from dit_trainer.repa.config import encoder_size
 
 RANDOM = "random"  # repa.encoder_weights of a random-weight encoder (tests)
 
@@ -17,30 +18,6 @@ def _build(r, weights=None) -> nn.Module:
     from dit_trainer.encoders import build_encoder
 
     return build_encoder(r.encoder, weights=weights, **dict(r.encoder_overrides))
-
-
-def encoder_shape(r) -> tuple:
-    """(embed_dim, patch_size) of the encoder `r` (a RepaConfig) names, without building it."""
-    from dit_trainer.encoders import shape_of
-
-    shape = shape_of(r.encoder, **dict(r.encoder_overrides))
-    return int(shape.embed_dim), int(shape.patch_size)
-
-
-def encoder_width(r) -> int:
-    """The width of the encoder's patch tokens: the projector's output size."""
-    return encoder_shape(r)[0]
-
-
-def encoder_size(r, grid: int) -> int:
-    """The encoder's input side: `repa.encoder_size`, or the one whose patch grid is the model's `grid`
-    tokens per side; a one-line error when the two grids differ."""
-    patch = encoder_shape(r)[1]
-    size = r.encoder_size or grid * patch
-    if size // patch != grid:
-        raise ConfigError(f"repa.encoder_size {size} gives the encoder a {size // patch}x{size // patch} patch grid but "
-                          f"the model has {grid}x{grid} tokens; set repa.encoder_size {grid * patch} (or 0)")
-    return size
 
 
 class AlignmentTargets:
