@@ -2,7 +2,7 @@
 """Numerical parity of dit_trainer's REPA projector, aligned tokens and alignment loss with the
 sihyun-yu/REPA release.
 
-Usage: python scripts/parity/repa.py --reference /path/to/REPA-checkout [--timm-shim DIR]
+Usage: python scripts/parity/repa_parity.py --reference /path/to/REPA-checkout [--timm-shim DIR]
 
 The checkout must hold the release's `models/sit.py` and `loss.py`; both are imported from there by
 file path, never copied. `models/sit.py` imports `timm.models.vision_transformer`; without
