@@ -43,6 +43,7 @@ def test_kept_images_are_the_encoded_crops_flipped_with_their_latents(folder, tm
     out = _extract(images, vae, tmp_path / "shards", "--keep-images")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["images"] == [16, 16, 3]
+    assert main(["data", "verify", str(out)]) == 0  # the image files are the shards' own, not strays
     ds = LatentShards(out, random_flip=True, seed=3)
     assert ds.stored_images and not ds.return_images
     assert isinstance(ds[0], tuple)  # off unless REPA asks: the release's items
