@@ -22,6 +22,8 @@ def test_both_losses_fall_on_the_digits(tmp_path, model, objective):
     assert last["repa_loss"] < first["repa_loss"] - 0.1, records  # the cosine with the encoder's tokens grows
     assert last["loss"] < first["loss"], records
     assert -1.0 <= last["repa_loss"] <= 1.0
+    for r in records:  # the logged total is the denoising loss plus the weighted alignment term
+        assert abs(r["loss"] - (r["denoising_loss"] + 0.5 * r["repa_loss"])) < 1e-9
 
 
 def test_the_encoder_is_in_no_checkpoint_and_holds_no_optimizer_state(tmp_path):

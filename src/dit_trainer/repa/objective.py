@@ -91,13 +91,17 @@ class AlignedObjective(Objective):
         """A loss-aware t sampler sees the denoising loss only (the alignment term does not depend on t alone)."""
         self.base.observe(draws, self._denoising if self._denoising is not None else losses)
 
-    def read_alignment(self, dims) -> dict:
-        """{"repa_loss": the mean alignment loss over ranks and micro-batches since the last read}; resets."""
+    def read_alignment(self, dims, loss=None) -> dict:
+        """{"repa_loss": the mean alignment loss over ranks and micro-batches since the last read, and with
+        `loss` (the logged total) "denoising_loss": the rest of it}; resets."""
         if not self._count:
             return {}
         mean = dims.all_reduce_mean(self._sum / self._count).item()
         self._sum, self._count = None, 0
-        return {"repa_loss": mean}
+        out = {"repa_loss": mean}
+        if loss is not None:
+            out["denoising_loss"] = loss - self.coefficient * mean
+        return out
 
 
 def aligned(objective, cfg):
