@@ -11,10 +11,13 @@ from dit_trainer.train import DiTTrainer
 from dit_trainer.train.metrics import read_metrics
 
 
-@pytest.mark.parametrize("model,objective", [("SiT-S/2", "transport"), ("DiT-S/2", "diffusion")])
+@pytest.mark.parametrize("model,objective", [("SiT-S/2", "transport"), ("DiT-S/2", "diffusion"),
+                                             ("LargeDiT-600M/2", "diffusion")])
 def test_both_losses_fall_on_the_digits(tmp_path, model, objective):
-    cfg = digits_config(tmp_path, steps=40, model={"name": model, "learn_sigma": False}, objective=objective,
-                        logging={"log_steps": 10})
+    sizes = {"dim": 32, "n_layers": 2, "n_heads": 2} if model.startswith("Large") else {"depth": 2, "hidden_size": 32,
+                                                                                         "num_heads": 2}
+    cfg = digits_config(tmp_path, steps=40, objective=objective, logging={"log_steps": 10})
+    cfg["model"] = {"name": model, "learn_sigma": False, **sizes}
     DiTTrainer(cfg).train()
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [10, 20, 30, 40]
