@@ -30,10 +30,6 @@ class AlignmentTargets:
         self.device, self.amp_dtype = torch.device(device), amp_dtype
         self.tokens = grid * grid
 
-    def num_parameters(self) -> int:
-        """The encoder's parameter count (for the plan and the logs; none of them trains)."""
-        return sum(p.numel() for p in self.encoder.parameters())
-
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """float32 (B, N, D) patch tokens of `images` (B, C, H, W) in [0, 1]; one channel is repeated to three."""
