@@ -4,7 +4,8 @@ same in-memory batches, alternating step by step in one process.
 
     python benchmarks/repa_cost.py                                   # SiT-S/2 on 32x32x4 latents, DINOv2-S/14 and B/14
     python benchmarks/repa_cost.py --model SiT-B/2 --encoders dinov2_vitb14 --batch-size 8 --steps 4
-    python benchmarks/repa_cost.py --device cuda --model SiT-XL/2 --batch-size 128 --mixed-precision bf16
+    python benchmarks/repa_cost.py --device cuda --model SiT-XL/2 --batch-size 128 --mixed-precision bf16 \
+        --encoders dinov2_vitb14 --ac                                 # what gpu_check.sh runs
 
 The encoders have random weights of the real architecture (the cost does not depend on the values).
 The encoder's input is the size whose patch grid is the model's token grid (224 px for /2 on 32x32
@@ -30,7 +31,7 @@ def _config(args, out, encoder=None):
                                      "num_classes": 1000, "learn_sigma": False},
         "data": {"num_workers": 0},
         "train": {"global_batch_size": args.batch_size, "device": args.device, "mixed_precision": args.mixed_precision,
-                  "compile": "false"},
+                  "compile": "false", "activation_checkpointing": "full" if args.ac else "none"},
         "logging": {"progress": False, "tensorboard": False},
     }
     if encoder:
@@ -48,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed-precision", default="fp32")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--ac", action="store_true", help="full activation checkpointing in every variant (big models "
+                                                       "at big batches: the trainers are alive together)")
     args = ap.parse_args(argv)
 
     from dit_trainer.encoders import encoder_flops, encoder_param_count
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
     model_flops = train_flops_per_image(model)
     print(f"# {machine(device)}; torch {torch.__version__}")
     print(f"# {args.model} on {args.input_size}x{args.input_size}x4 latents ({side} px), batch {args.batch_size}, "
-          f"{args.mixed_precision}; median of {args.steps} steps after {args.warmup} warm-up, variants alternating")
+          f"{args.mixed_precision}{', full AC' if args.ac else ''}; median of {args.steps} steps after {args.warmup} warm-up, variants alternating")
     print(f"# command: python benchmarks/repa_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print("| variant | s/step | vs off | model GFLOP/img | projector GFLOP/img | encoder GFLOP/img (params) |")
     print("|:--|--:|--:|--:|--:|--:|")
