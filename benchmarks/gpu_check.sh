@@ -6,7 +6,8 @@
 # 0. gpu_step_check.py: the trainer's step path on the GPU against reading its checks at once.
 # 1. train_step.py, bf16 autocast + per-block compile: img/s, MFU against the bf16 matmul peak
 #    measured in the same process, peak CUDA memory; batch 32, and batch 128 with and without
-#    activation checkpointing (AC) and with token routing (half the tokens through the middle blocks).
+#    activation checkpointing (AC) and with token routing (half the tokens through the middle blocks);
+#    repa_cost.py: SiT-XL/2's step at batch 128 with REPA (DINOv2-B/14) beside it without.
 # 2. gpu_check.py sdpa: the attention kernel bf16 SDPA dispatches to at DiT-XL/2's shapes.
 #    sampling.py: DDIM-25 with CFG 4.0 in bf16, img/s of our sampler (latents, no VAE decode).
 # 3. With >= 2 GPUs, parallel.py: FSDP2 (torchrun, parallel.dp_shard N) img/s against 1 GPU at 32
@@ -74,6 +75,9 @@ xl=(--model DiT-XL/2 --input-size 32 --in-channels 4 --num-classes 1000 --device
 run train_b32 150 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 32 --variants bf16+compile
 run train_b128 320 "$py" "$here/train_step.py" "${xl[@]}" --batch-size 128 \
   --variants bf16+compile,bf16+compile+ac,bf16+compile+route0.5
+# REPA's step (DINOv2-B/14 at 224 px, the projector, the alignment term) beside the plain step, SiT-XL/2 b128.
+run repa_b128 150 "$py" "$here/repa_cost.py" --device cuda --model SiT-XL/2 --batch-size 128 --mixed-precision bf16 \
+  --encoders dinov2_vitb14 --ac --warmup 2 --steps 5
 run sampling 40 "$py" "$here/sampling.py" --no-compile --device cuda --models DiT-XL/2 --batch-sizes "$sample_batch" \
   --dtype bf16 --steps 25 --reps 2 --no-diffusers
 if ((ngpu >= 2)); then

@@ -38,6 +38,14 @@ def coerce(value: Any, tp, key: str):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key {key!r} needs a list, got {value!r}")
         return list(value)
+    if (origin is dict or tp is dict) and isinstance(value, str):
+        # A mapping on the command line is written as YAML: --repa.encoder_overrides '{embed_dim: 16}'.
+        try:
+            value = yaml.safe_load(value) if value.strip() else {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config key {key!r}: {value!r} is not a YAML mapping, {yaml_problem(err)}; "
+                              "write it like '{a: 1, b: 2}'") from None
+        return {} if value is None else value
     if tp is bool:
         if isinstance(value, bool):
             return value

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from dit_trainer.repa.config import RepaConfig
 from dit_trainer.transport.config import TransportConfig
 
 
@@ -185,6 +186,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    repa: RepaConfig = field(default_factory=RepaConfig)
 
     def to_dict(self) -> dict:
         """A plain nested dict (what `config.yaml` holds); family options sit in the model section."""

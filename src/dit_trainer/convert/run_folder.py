@@ -49,6 +49,7 @@ def read(src, model=None, vae=None) -> Bundle:
     from dit_trainer import checkpoint
     from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.vae.latent_stats import stats_of
+    from dit_trainer.repa.attach import drop_projector
 
     if not Path(src).is_dir():
         raise CheckpointError(f"{src} is not a folder; --from ours takes a run folder or a checkpoint folder")
@@ -59,7 +60,8 @@ def read(src, model=None, vae=None) -> Bundle:
     from_file = model and is_model_file(model)
     if model and not from_file and model.lower() != cfg.model.name.lower():
         raise ConfigError(f"--model {model} conflicts with {path}/config.yaml ({cfg.model.name}); drop --model")
-    sd = reader.weights("ema")
+    # Exports carry the denoiser only: a REPA run's projector stays behind.
+    sd = drop_projector(reader.weights("ema"))
     if from_file:  # the run records its model; a model file given too must describe these tensors
         check_fits(sd, load_model_file(model), model)
     mcfg = model_dict(cfg, convention)

@@ -15,6 +15,7 @@ def _extract(args) -> int:
         shard_size=args.shard_size, vae_dtype=args.vae_dtype, dtype=args.dtype, flips=not args.no_flips,
         posterior=args.store.replace("-", "_"), workers=args.workers, device=args.device,
         on_bad_image=args.on_bad_image, seed=args.seed, progress=not args.no_progress, overwrite=args.overwrite,
+        keep_images=args.keep_images,
     )
     print(f"dit extract: rank {stats['rank']} encoded {stats['images']} images in {stats['shards']} shards, "
           f"{stats['seconds']:.1f} s ({stats['images_per_s']:.1f} images/s)", file=sys.stderr)
@@ -90,6 +91,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="write into an --out holding other files (same-named ones are replaced), or replace an "
                         "extract made there with other settings; by default both are refused")
+    p.add_argument("--keep-images", action="store_true",
+                   help="also keep each encoded crop (uint8) beside its latents: what repa.enabled training reads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_extract)
 

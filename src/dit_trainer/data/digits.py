@@ -49,6 +49,7 @@ class DigitsDataset(Dataset):
 
     num_classes = 10
     class_names = DIGIT_CLASS_NAMES
+    pixel_space = True  # the data is the images themselves (REPA's encoder reads them as they are)
 
     def __init__(self, image_size=16, random_flip=False, seed=0):
         if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8 or image_size % 8:

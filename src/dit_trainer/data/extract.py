@@ -27,6 +27,7 @@ from dit_trainer.data.encode import encode_rows
 from dit_trainer.data.images import ImageFiles, list_image_folder
 from dit_trainer.vae import latent_stats
 from dit_trainer.vae.autoencoder import has_posterior, latent_shape, load_vae, resolve_dtype, scaling
+from dit_trainer.data.shard_images import ImageSidecar
 from dit_trainer.errors import DataError
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 
@@ -140,9 +141,10 @@ def _files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
 def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shard_size: int = 2048,
                 vae_dtype: str = "fp32", dtype: str = "float16", flips: bool = True, posterior: str = "mean_std",
                 workers: int = 4, device=None, on_bad_image: str = "skip", seed: int = 0,
-                progress: bool = True, overwrite: bool = False) -> Dict:
+                progress: bool = True, overwrite: bool = False, keep_images: bool = False) -> Dict:
     """Encode `data_path` into shards under `out`; returns this rank's counts and images/s. An `out`
-    holding files of no extract, or an extract of other settings, is refused unless `overwrite`."""
+    holding files of no extract, or an extract of other settings, is refused unless `overwrite`.
+    `keep_images`: each shard also keeps the uint8 crops it encoded (for REPA's encoder)."""
     if posterior not in sh.POSTERIOR_KINDS:
         raise DataError(f"posterior {posterior!r} is not one of {sh.POSTERIOR_KINDS}")
     if on_bad_image not in ("skip", "stop"):
@@ -155,7 +157,7 @@ def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shar
     try:
         return _extract(dist, os.fspath(data_path), os.fspath(vae), int(image_size), os.fspath(out),
                         batch_size, shard_size, vae_dtype, dtype, flips, posterior, workers, device,
-                        on_bad_image, seed, progress, overwrite)
+                        on_bad_image, seed, progress, overwrite, keep_images)
     except WRITE_ERRORS as err:
         if not disk_error(err):
             raise
@@ -169,7 +171,7 @@ def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shar
 
 
 def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size, vae_dtype, dtype, flips,
-             posterior, workers, device, on_bad_image, seed, progress, overwrite=False):
+             posterior, workers, device, on_bad_image, seed, progress, overwrite=False, keep_images=False):
     paths, labels, class_names = list_image_folder(data_path)
     if os.path.isdir(os.path.expanduser(vae_name)):
         # Recorded in the manifest for `dit sample`, which may run from another directory.
@@ -191,6 +193,7 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
         "num_images": len(paths), "vae": vae_name, "vae_dtype": str(torch_dtype).replace("torch.", ""),
         "image_size": image_size, "shard_size": shard_size, "flips": bool(flips), "posterior": posterior,
         "dtype": dtype, "seed": int(seed) if posterior == "sample" else None,
+        **({"images": True} if keep_images else {}),
     }
     if dist.rank == 0:
         _check_plan(out, plan, 0, overwrite)
@@ -218,6 +221,7 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     num_flips = 2 if flips else 1
     entry = (num_flips, 2 if posterior == "mean_std" else 1, *shape)
     writer: Optional[sh.ShardWriter] = None
+    kept: Optional[ImageSidecar] = None
     skipped: List = []
     encoded = 0
     start = time.perf_counter()
@@ -226,14 +230,17 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
         shard = ((indices or [e[0] for e in errors])[0]) // shard_size
         if writer is None or writer.name != names[shard]:
             if writer is not None:
-                _close(writer, skipped, dist.rank)
+                _close(writer, skipped, dist.rank, kept)
             capacity = min((shard + 1) * shard_size, len(paths)) - shard * shard_size
             writer, skipped = sh.ShardWriter(out, names[shard], capacity, entry, dtype), []
+            kept = ImageSidecar(out, names[shard], capacity, image_size) if keep_images else None
         if images is not None:
             latents, bad = encode_rows(model, images, indices, num_flips, posterior, seed, sf, shift, batch_size)
             errors = errors + [(indices[j], "VAE output is NaN or inf (try --vae-dtype fp32)") for j in bad]
             keep = [j for j in range(len(indices)) if j not in bad]
             writer.add(latents[keep], labels[[indices[j] for j in keep]])
+            if kept is not None:
+                kept.add(images[keep])
             encoded += len(keep)
         for index, err in sorted(errors):
             if on_bad_image == "stop":
@@ -241,22 +248,24 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
             skipped.append([os.path.relpath(paths[index], data_path), err])
         bar.update(seen)
     if writer is not None:
-        _close(writer, skipped, dist.rank)
+        _close(writer, skipped, dist.rank, kept)
     bar.close()
     seconds = time.perf_counter() - start
     dist.barrier()
     if dist.rank == 0:
         finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
-                      latent_norm=latent_stats.auto_norm(model))
+                      latent_norm=latent_stats.auto_norm(model),
+                      images=[image_size, image_size, 3] if keep_images else None)
     dist.barrier()
     return {"rank": dist.rank, "shards": len(mine), "images": encoded, "seconds": seconds,
             "images_per_s": encoded / seconds if seconds > 0 else 0.0}
 
 
-def _close(writer, skipped, rank) -> None:
-    """Write a shard, its marker carrying the per-channel sums of exactly the values stored."""
+def _close(writer, skipped, rank, kept=None) -> None:
+    """Write a shard, its marker carrying the per-channel sums of exactly the values stored (and the
+    checksums of the images kept beside them, with `kept`)."""
     sums = latent_stats.channel_sums(writer.data[:writer.count])
-    writer.close(skipped=skipped, rank=rank, latent_sums=sums)
+    writer.close(skipped=skipped, rank=rank, latent_sums=sums, **(kept.close() if kept else {}))
 
 
 def _shard_sums(out, marker) -> dict:
@@ -267,9 +276,10 @@ def _shard_sums(out, marker) -> dict:
 
 
 def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
-                  latent_norm=None):
+                  latent_norm=None, images=None):
     """Once every shard in `names` is written: drop leftovers, list skipped images, write the manifest
-    (with the latents' per-channel statistics and how training uses them when `latent_norm` is given)."""
+    (with the latents' per-channel statistics and how training uses them when `latent_norm` is given, and
+    with `images`, the H×W×3 shape of the images kept beside the latents)."""
     markers = []
     for name in names:
         if not sh.shard_done(out, name):
@@ -295,6 +305,7 @@ def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flip
         shift_factor=shift, image_size=image_size, flips=bool(flips), posterior=posterior,
         shards=[sh.manifest_entry(m) for m in markers if m["count"]],
         skipped=len(skipped), source=os.path.abspath(data_path), **stats,
+        **({"images": images} if images else {}),
     )
     checksums.stamp_written(out, manifest["shards"])
     if skipped:

@@ -246,6 +246,8 @@ class LatentShards(Dataset):
         labels = [self._load_labels(name, n, want) for name, n, want in zip(self.names, counts, sums)]
         self.labels = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
         self._entry = entry_shape(m)
+        # `dit extract --keep-images`: each item also carries its image once `return_images` is set (REPA).
+        self.stored_images, self.return_images = bool(m.get("images")), False
         self._arrays: Dict[int, np.ndarray] = {}
         self._pid = os.getpid()
         self._generator: Optional[torch.Generator] = None
@@ -274,7 +276,7 @@ class LatentShards(Dataset):
     def __getstate__(self):
         # Workers reopen their own mmaps; pickling open memmaps would copy whole shards.
         state = dict(self.__dict__)
-        state["_arrays"], state["_generator"] = {}, None
+        state["_arrays"], state["_generator"], state["_images"] = {}, None, {}
         return state
 
     def __len__(self) -> int:
@@ -286,7 +288,7 @@ class LatentShards(Dataset):
 
     def _array(self, shard: int) -> np.ndarray:
         if self._pid != os.getpid():
-            self._arrays, self._generator, self._pid = {}, None, os.getpid()
+            self._arrays, self._generator, self._pid, self._images = {}, None, os.getpid(), {}
         array = self._arrays.get(shard)
         if array is None:
             path = os.path.join(self.root, f"{self.names[shard]}.npy")
@@ -349,6 +351,11 @@ class LatentShards(Dataset):
             raise DataError(f"{self.root}/{self.names[shard]}.npy row {row} holds NaN or inf; run `dit data verify` "
                             "and re-extract that shard")
         y = torch.from_numpy(self.labels[index])
+        if self.return_images:
+            from dit_trainer.data.shard_images import batch_images
+
+            images = batch_images(self, index, shard_of, draws[0])
+            return [{"x": a, "y": b, "image": c} for a, b, c in zip(x.unbind(0), y.unbind(0), images.unbind(0))]
         return list(zip(x.unbind(0), y.unbind(0)))
 
 

@@ -212,8 +212,8 @@ def verify(path, progress: bool = False) -> List[str]:
         problems += _check_shard(root, m, s["name"], s["count"], entry) or _check_sums(root, s)
     for stray in sorted(glob.glob(os.path.join(root, "shard-*.npy"))):
         stem = os.path.basename(stray)[:-4]
-        if stem.endswith(".labels"):
-            stem = stem[:-7]
+        for suffix in (".labels", ".images"):  # .images: the crops `dit extract --keep-images` keeps
+            stem = stem.removesuffix(suffix)
         if stem not in listed:
             problems.append(f"{stray}: not listed in {file}; delete it or re-run the extraction")
     return problems

@@ -88,6 +88,7 @@ class ModelCosts:
     tp_modules: int = 0  # modules of a block tensor parallelism wraps (each adds DTensor dispatch)
     tp_allreduces: tuple = (2, 2)  # all-reduces of one block's (forward, backward) under tensor parallelism
     attention_share: float = 1.0  # a block's attention work over a full block's, averaged over blocks (token routing)
+    replicated_bytes: float = 0.0  # weights every rank holds whole beside the model, never trained (REPA's frozen encoder)
 
     @property
     def trainable(self) -> int:

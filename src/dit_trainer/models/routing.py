@@ -80,12 +80,32 @@ class TokenRouting:
         return TokenRoute(order[:, :self.kept].sort(dim=1).values, self.start, self.end)
 
 
-def run_blocks(blocks, tokens, c, route: Optional[TokenRoute] = None, rotary: bool = False):
+def run_blocks(blocks, tokens, c, route: Optional[TokenRoute] = None, rotary: bool = False,
+               capture: Optional[int] = None):
     """`tokens` (B, N, D) through `blocks` under conditioning `c`; with a `route` only the kept ones go
-    through blocks [start, end). A `rotary` family's blocks there also take the kept indices (B, k)."""
+    through blocks [start, end). A `rotary` family's blocks there also take the kept indices (B, k).
+    With `capture` = k also returns the tokens after the first k blocks: (tokens, captured)."""
+    if capture is not None:
+        if route is not None and route.start < capture < route.end:
+            raise ConfigError(f"the tokens after block {capture} are a routed subset (blocks {route.start}.."
+                              f"{route.end - 1} are routed); move repa.encoder_depth or train.routing_start/end")
+        captured = []
+
+        def keep(i, x):
+            if i + 1 == capture:
+                captured.append(x)
+
+        out = _run(blocks, tokens, c, route, rotary, keep)
+        return out, captured[0]
+    return _run(blocks, tokens, c, route, rotary)
+
+
+def _run(blocks, tokens, c, route, rotary, after=None):
     if route is None:
-        for block in blocks:
+        for i, block in enumerate(blocks):
             tokens = block(tokens, c)
+            if after is not None:
+                after(i, tokens)
         return tokens
     index = route.kept.unsqueeze(-1).expand(-1, -1, tokens.shape[-1])
     every = tokens
@@ -98,4 +118,6 @@ def run_blocks(blocks, tokens, c, route: Optional[TokenRoute] = None, rotary: bo
             tokens = block(tokens, c)
         if i == route.end - 1:
             tokens = every.scatter(1, index, tokens.to(every.dtype))
+        if after is not None:
+            after(i, tokens)
     return tokens

@@ -181,7 +181,7 @@ def _rank(costs, layout, global_batch, numerics, pp_rank) -> RankMemory:
     else:
         held = k_with_grads * per_mb
     comm = _comm(costs, layout, numerics, blocks, block_local, edge_params, trainable, tokens, k, last)
-    return RankMemory(pp_rank, state["params"], grads, state["optimizer"], state["ema"],
+    return RankMemory(pp_rank, state["params"] + costs.replicated_bytes, grads, state["optimizer"], state["ema"],
                       held + recompute + transient, casts, comm)
 
 

@@ -16,6 +16,7 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, weights
     from dit_trainer.config import build_config
     from dit_trainer.sample.decode import anchor_vae
     from dit_trainer.models import get_spec
+    from dit_trainer.repa.attach import drop_projector
 
     reader = checkpoint.open(ckpt, flag="--ckpt")
     path = reader.path
@@ -40,8 +41,10 @@ def load_model(ckpt, model_name=None, image_size=None, num_classes=1000, weights
         except ConfigError as err:
             raise ConfigError(f"--model {model_name} --image-size {size}: {err}") from None
     spec = get_spec(cfg.model.name)
+    # Sampling needs the denoiser only: a REPA run's projector is neither built nor loaded.
+    cfg.repa.enabled = False
     model = spec.build_model_fn(cfg)
-    load_into(model, spec.from_released(reader.weights(weights)), path)
+    load_into(model, drop_projector(spec.from_released(reader.weights(weights))), path)
     return model.eval(), cfg
 
 

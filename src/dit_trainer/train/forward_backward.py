@@ -13,6 +13,7 @@ from torch._functorch import config as functorch_config
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.parallel.pipeline_parallel import TargetPacking, pipeline_step
+from dit_trainer.repa.objective import as_float
 
 
 class ForwardBackward:
@@ -65,9 +66,11 @@ class ForwardBackward:
                 # Autocast only the network; the objective's arithmetic around it stays in float32.
                 # Only a routed run passes `route`: a registered model need not know the keyword.
                 routed = {} if route is None else {"route": route.part(sl)}
+                if getattr(self.objective, "wants_features", False):
+                    routed["repa"] = True  # (output, projected tokens) for REPA's term
                 with self.forward_context():
                     out = model(x_t, t, y=y[sl], force_drop_ids=drop[sl], **routed)
-                losses = self.objective.loss(out.float(), x[sl], part)
+                losses = self.objective.loss(as_float(out), x[sl], part)
                 self.objective.observe(part, losses.detach())
                 loss = losses.mean() / accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()

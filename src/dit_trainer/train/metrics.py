@@ -121,5 +121,7 @@ def metrics_line(window: dict, lr: float, steps: int, elapsed: float, global_bat
 def console_line(step: int, line: dict) -> str:
     """The console's view of a metrics record."""
     extra = f"  mfu {line['mfu']:.1%}" if "mfu" in line else ""
+    if "repa_loss" in line:
+        extra = f"  repa {line['repa_loss']:.4f}{extra}"
     return (f"step {step:7d}  loss {line['loss']:.4f}  {line['img_per_s']:.1f} img/s  "
             f"{line['s_per_step']:.3f} s/step  peak {line['peak_mem_gb']:.2f} GB{extra}")

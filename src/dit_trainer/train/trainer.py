@@ -29,6 +29,8 @@ from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
 from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.phema import snapshots, tracker
+from dit_trainer.repa.encoder import Alignment
+from dit_trainer.repa.objective import aligned
 from dit_trainer.train import preflight, resume
 from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
 from dit_trainer.train.eval_during_training import TrainingFID
@@ -73,18 +75,22 @@ class DiTTrainer:
         if cfg.model.weights_path:
             load_pretrained(model, self.spec, pretrained.state_dict, cfg.model.weights_path, log=self.is_main)
         model.to(self.device)
+        # REPA's frozen encoder (None when off): whole on every rank, outside the model and its checkpoints.
+        self.alignment = Alignment.for_run(cfg, model, self.device, self.amp_dtype)
         # Token routing: which tokens skip which blocks is drawn each step with the objective's draws.
         self.routing = TokenRouting.for_model(cfg.train, model)
         # Counted on the whole model, before parallelism splits its weights (routed blocks on their kept tokens).
         routed = {"tokens_per_block": self.routing.tokens_per_block()} if self.routing else {}
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
+        if self.flops_per_image is not None and self.alignment is not None:  # the projector's and the encoder's
+            self.flops_per_image += self.alignment.flops_per_image(model)
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.latent_stats = device_stats(cfg.data, self.device)  # None unless latents are normalised per channel
         compiled = cfg.train.compile == "true"
         # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
         no_ac = cfg.train.activation_checkpointing == "none"
         budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
-        self.objective = build_objective(cfg)
+        self.objective = aligned(build_objective(cfg), cfg)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.forward_backward = ForwardBackward(self.objective, self.dims, self.device, self.amp_dtype, budget,
                                                 cfg.train.grad_accum_steps, self.scaler)
@@ -184,6 +190,8 @@ class DiTTrainer:
         draws = {k: self._to_device(v[lo:lo + local]) for k, v in draws.items()}
         # Routing off draws nothing: the generator's stream stays the release's.
         route = self.routing.draw(n, self.generator).part(slice(lo, lo + local), self._to_device) if self.routing else None
+        if self.alignment is not None:  # the encoder's targets of this rank's images: no randomness
+            self.alignment.add_targets(batch, x, draws)
         return x, y, draws, self._to_device(drop[lo:lo + local]), route
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
@@ -209,6 +217,7 @@ class DiTTrainer:
         loss = self.queue_step(batch)
         self.update.read_pending()
         out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
+        out.update(self.objective.read_alignment(self.dims, out["loss"]) if self.alignment is not None else {})
         if self.skipped_steps > skipped:
             out.update(loss=float("nan"), skipped=True)
         elif self.update.last_grad_norm() is not None:
@@ -292,6 +301,8 @@ class DiTTrainer:
         cfg = self.cfg
         if self.dataset is None:
             self.dataset = build_dataset(cfg)
+        if self.alignment is not None:
+            self.alignment.check_data(self.dataset)
         shape = getattr(self.dataset, "latent_shape", None)
         if shape is not None and tuple(shape) != tuple(self.sample_shape):
             raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
@@ -367,6 +378,7 @@ class DiTTrainer:
                 last = metrics_line(self.update.read_losses(), self.lr_scheduler.get_last_lr()[0],
                                     self.step - step0, time.perf_counter() - t0, cfg.train.global_batch_size,
                                     self.device, self.skipped_steps, mfu)
+                last.update(self.objective.read_alignment(self.dims, last["loss"]) if self.alignment is not None else {})
                 logger.log(self.step, last)
                 if main:
                     bar.set_postfix(loss=f"{last['loss']:.4f}")

@@ -45,6 +45,8 @@ class ImageFolderLatents(Dataset):
         self._opened: Dict[int, np.ndarray] = {}
         self._pid = os.getpid()
         self._generator = None
+        # REPA (`return_images`): every item also carries its crop, re-read from the folder.
+        self.stored_images, self.return_images = True, False
 
     def __getstate__(self):
         # Workers need neither the VAE nor the parent's mmaps.
@@ -97,7 +99,12 @@ class ImageFolderLatents(Dataset):
             except IMAGE_ERRORS as err:
                 errors.append((j, f"{type(err).__name__}: {err}".replace("\n", " ")))
         side = self.image_size
-        return {"epoch": self.epoch, "index": torch.from_numpy(index), "x": x,
+        extra = {}
+        if self.return_images:
+            from dit_trainer.data.shard_images import folder_images
+
+            extra["image"] = folder_images(self.paths, index, side, flips)
+        return {**extra, "epoch": self.epoch, "index": torch.from_numpy(index), "x": x,
                 "y": torch.from_numpy(self.labels[index]), "todo": torch.from_numpy(todo),
                 "images": torch.from_numpy(np.stack(images)) if images else torch.empty((0, side, side, 3), dtype=torch.uint8),
                 "errors": errors}

@@ -116,6 +116,8 @@ class CacheEncoder:
 
             flips, seeds = epoch_draws(ds.seed, int(batch["epoch"]), idx, ds.random_flip, True)
             batch["x"][torch.from_numpy(todo)] = ds.finish(rows, idx, flips, seeds)
+        if "image" in batch:  # REPA's clean images ride along
+            return {"x": batch["x"], "y": batch["y"], "image": batch["image"]}
         return batch["x"], batch["y"]
 
     def flush(self) -> None:
@@ -186,6 +188,7 @@ class CacheEncoder:
             torch.cuda.empty_cache()
         shards = LatentShards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
         shards.source = ds.source
+        shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
         return shards
 
     def _encode_rest(self, mine: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from dit_trainer.models.guidance import guided_forward
 from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, get_2d_sincos_pos_embed, set_io,
                                        timestep_embedding, unpatchify)
 from dit_trainer.models.routing import run_blocks
+from dit_trainer.repa.attach import aligned_depth, project
 
 
 def modulate(x, shift, scale):
@@ -195,15 +196,21 @@ class DiT(nn.Module):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None, route=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False):
         """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class; the trainer draws it from
         its own seeded generator so that every parallel layout drops the same labels. `route`
         (a `TokenRoute`, training only) sends a subset of the tokens through a span of blocks.
+        `repa` (a model built with repa.enabled) also returns the projected tokens of block
+        `repa_depth`: (output, projected).
         """
         tokens, c = self.embed(x, t, y, force_drop_ids)
-        tokens = run_blocks(self.blocks, tokens, c, route if self.training else None, rotary=self.rope)
+        route = route if self.training else None
+        if repa:
+            tokens, hidden = run_blocks(self.blocks, tokens, c, route, rotary=self.rope, capture=aligned_depth(self))
+            return self.head(tokens, c), project(self, hidden)
+        tokens = run_blocks(self.blocks, tokens, c, route, rotary=self.rope)
         return self.head(tokens, c)
 
     def forward_with_cfg(self, x, t, y, cfg_scale, cfg_channels=None):

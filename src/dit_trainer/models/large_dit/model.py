@@ -18,6 +18,7 @@ from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, co
 from dit_trainer.models.large_dit.sizes import SIZES
 from dit_trainer.models.routing import run_blocks
 from dit_trainer.models.spec import build_kwargs
+from dit_trainer.repa.attach import aligned_depth, attach_projector, project
 
 
 class TimestepEmbedder(_DiTTimestepEmbedder):
@@ -126,15 +127,20 @@ class DiT_Llama(nn.Module):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None, route=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False):
         """x: (B, C, H, W), t: (B,), y: (B,) -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class, drawn by the trainer.
         `route` (a `TokenRoute`, training only) sends a subset of the tokens through a span of
-        layers, each token rotated by its own position.
+        layers, each token rotated by its own position. `repa` (a model built with repa.enabled)
+        also returns the projected tokens of layer `repa_depth`: (output, projected).
         """
         tokens, c = self.embed(x, t, y, force_drop_ids)
-        tokens = run_blocks(self._iter_layers(), tokens, c, route if self.training else None, rotary=True)
+        route = route if self.training else None
+        if repa:
+            tokens, hidden = run_blocks(self._iter_layers(), tokens, c, route, rotary=True, capture=aligned_depth(self))
+            return self.head(tokens, c), project(self, hidden)
+        tokens = run_blocks(self._iter_layers(), tokens, c, route, rotary=True)
         return self.head(tokens, c)
 
     def forward_with_cfg(self, x, t, y, cfg_scale, cfg_channels=None):
@@ -172,4 +178,4 @@ def build_large_dit(cfg, size):
         if options[key] is None:  # None keeps the named size's value
             options[key] = value
     check_sizes(options["dim"], options["n_heads"], options["n_kv_heads"])
-    return DiT_Llama(**shared, **options)
+    return attach_projector(DiT_Llama(**shared, **options), cfg)
