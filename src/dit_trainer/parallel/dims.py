@@ -204,7 +204,9 @@ def init_distributed(parallel, device: Optional[torch.device] = None) -> Paralle
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        from dit_trainer.parallel.process_group import init_process_group
+
         backend = choose_backend(getattr(getattr(parallel, "parallel", parallel), "backend", "auto"), device)
-        dist.init_process_group(backend=backend)
+        init_process_group(backend)
     dims.build_mesh("cuda" if device is not None and torch.device(device).type == "cuda" else "cpu")
     return dims
