@@ -83,3 +83,19 @@ def _answer(store, number: int, world_size: int, timeout: timedelta) -> None:
             raise RuntimeError(f"rank 0: {missing} of the {world_size - 1} other ranks did not start within {timeout}; "
                                "see their logs")
         time.sleep(0.02)
+
+
+def restarts() -> Optional[int]:
+    """How many times torchrun restarted this launch's workers, or None outside torchrun: the store's attempt
+    count, or this agent's own count where that is higher (a lost rank-0 node takes the store with it)."""
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return None
+    return max((_attempt or 1) - 1, int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
+
+
+def resume_record(checkpoint, world_size: int) -> dict:
+    """The metrics.jsonl record of a resume: the checkpoint, the world it resumed into, and torchrun's restarts."""
+    record = {"event": "resumed", "checkpoint": checkpoint.name, "world_size": world_size}
+    if restarts() is not None:
+        record["restart"] = restarts()
+    return record
