@@ -93,9 +93,9 @@ def restarts() -> Optional[int]:
     return max((_attempt or 1) - 1, int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
 
 
-def resume_record(checkpoint, world_size: int) -> dict:
-    """The metrics.jsonl record of a resume: the checkpoint, the world it resumed into, and torchrun's restarts."""
-    record = {"event": "resumed", "checkpoint": checkpoint.name, "world_size": world_size}
-    if restarts() is not None:
-        record["restart"] = restarts()
-    return record
+def resume_record(checkpoint, world_size: int) -> Optional[dict]:
+    """The metrics.jsonl record of a resume under torchrun (the checkpoint, the world it resumed into, torchrun's
+    restarts), where a restart resumes without anyone rerunning; None outside torchrun."""
+    if restarts() is None:
+        return None
+    return {"event": "resumed", "checkpoint": checkpoint.name, "world_size": world_size, "restart": restarts()}

@@ -342,7 +342,7 @@ class DiTTrainer:
         if main:
             # Also without a checkpoint: a run killed before its first save logged steps that will be redone.
             logger.truncate_after(self.step)
-            if resumed is not None:
+            if resumed is not None and resume_record(resumed, self.dims.world_size):
                 logger.note(self.step, resume_record(resumed, self.dims.world_size))
         mfu = mfu_meter(self)
         fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
