@@ -1,0 +1,65 @@
+"""Two torchrun agents on one c10d rendezvous, as two nodes would run: DDP, FSDP and HSDP (replicate across
+the agents, shard within each) train to the single-process losses and weights, and the sharded
+checkpoint both agents wrote resumes on one process."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.parallel._agents import Agents, free_port
+from tests.parallel._common import STEPS, deterministic, final_weights, read_losses, train_one_process
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).parent / "_agents_worker.py"
+LAYOUTS = ("ddp", "fsdp", "hsdp")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("agents")
+    with deterministic():
+        train_one_process(out / "reference")
+    port = free_port()
+    with Agents(out) as agents:
+        for node in (0, 1):  # 2 workers each: 4 ranks
+            agents.start(WORKER, "--out", out, "--layouts", ",".join(LAYOUTS), nnodes="2", node_rank=node, nproc=2,
+                         port=port)
+        assert agents.wait() == [0, 0], agents.logs()
+    resumed = out / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(out / "fsdp" / "checkpoints" / "step-00000005", resumed / "checkpoints" / "step-00000005")
+    with deterministic():
+        train_one_process(resumed)  # 4 ranks' DCP shards, from two agents, loaded by one process
+    return out
+
+
+def _close(got: dict, ref: dict, steps):
+    assert sorted(got) == list(steps)
+    for s in steps:
+        assert abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]), f"step {s}: {got[s]} vs single-process {ref[s]}"
+
+
+def test_ranks_ran_on_two_agents(runs):
+    where = [json.loads((runs / f"rank{r}.json").read_text()) for r in range(4)]
+    assert {w["WORLD_SIZE"] for w in where} == {4}
+    assert sorted((w["GROUP_RANK"], w["LOCAL_RANK"]) for w in where) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_two_agents_match_one_process(runs, layout):
+    ref = runs / "reference"
+    for key in ("loss", "grad_norm"):
+        _close(read_losses(runs / layout, key), read_losses(ref, key), range(1, STEPS + 1))
+    for what, got, want in zip(("model", "ema"), final_weights(runs / layout), final_weights(ref)):
+        assert sorted(got) == sorted(want)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=lambda m: f"{what} {k}: {m}")
+
+
+def test_checkpoint_of_two_agents_resumes_on_one_process(runs):
+    assert (runs / "fsdp" / "checkpoints" / "step-00000005" / "dcp").is_dir()
+    _close(read_losses(runs / "resumed"), read_losses(runs / "reference"), range(6, STEPS + 1))
