@@ -89,12 +89,27 @@ class Agents:
     def __exit__(self, *exc):
         for proc in self.procs:
             if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the agent and its workers: one session each
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+                kill_node(proc)
         return False
+
+
+def kill_node(agent) -> None:
+    """SIGKILL a torchrun agent and its workers, as a lost node: torchrun starts each worker in a session of
+    its own, so the agent's process group alone would leave them running."""
+    try:
+        os.kill(agent.pid, signal.SIGSTOP)  # it starts no worker while its tree is read
+    except ProcessLookupError:
+        return
+    for pid in _descendants(agent.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(agent.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    agent.wait()
 
 
 def worker_pid(agent, rank: int, timeout=60.0) -> int:
@@ -113,15 +128,29 @@ def worker_pid(agent, rank: int, timeout=60.0) -> int:
 
 
 def _children(pid: int) -> list:
-    out = []
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def _parents() -> dict:
+    """pid -> parent pid of every process (from /proc)."""
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            out[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
     return out
+
+
+def _descendants(pid: int) -> list:
+    parents = _parents()
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, parent in parents.items() if parent == p]
+        found += kids
+        todo += kids
+    return found
 
 
 def wait_for(path, proc=None, timeout=120.0) -> None:
