@@ -56,8 +56,10 @@ class Agents:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
                f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.2"]
         if rdzv == "c10d":
+            # The endpoint is node 0's, as on real hosts, where only node 0's address matches it (here every
+            # agent's does, and whichever bound the port first would host the rendezvous).
             cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test",
-                    "--rdzv-conf=join_timeout=60,last_call_timeout=1"]
+                    f"--rdzv-conf=join_timeout=60,last_call_timeout=1,is_host={int(node_rank == 0)}"]
         else:
             cmd += ["--master-addr=127.0.0.1", f"--master-port={port}"]
         cmd += [str(a) for a in args]

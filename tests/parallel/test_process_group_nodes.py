@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.parallel._agents import Agents, free_port
+from dit_trainer.train.metrics import read_metrics
+from tests.parallel._agents import Agents, digits_config, free_port, kill_node, wait_for
 from tests.parallel._common import STEPS, deterministic, final_weights, read_losses, train_one_process
 
 pytestmark = pytest.mark.distributed
@@ -63,3 +64,23 @@ def test_two_agents_match_one_process(runs, layout):
 def test_checkpoint_of_two_agents_resumes_on_one_process(runs):
     assert (runs / "fsdp" / "checkpoints" / "step-00000005" / "dcp").is_dir()
     _close(read_losses(runs / "resumed"), read_losses(runs / "reference"), range(6, STEPS + 1))
+
+
+def test_lost_node_goes_on_with_the_smaller_world(tmp_path):
+    """`--nnodes 1:2 --max-restarts 1`, dp_shard -1 (the default): one agent killed with its worker after the
+    first checkpoint (a lost node); the other restarts alone and finishes the run from that checkpoint."""
+    out = tmp_path / "run"
+    config = digits_config(tmp_path / "c.yaml", out)
+    port = free_port()
+    with Agents(tmp_path) as agents:
+        nodes = [agents.start("-m", "dit_trainer", "train", "--config", config, nnodes="1:2", node_rank=n, port=port,
+                              max_restarts=1) for n in (0, 1)]
+        wait_for(out / "checkpoints" / "step-00000010", nodes[0])
+        kill_node(nodes[1])
+        assert nodes[0].wait(timeout=240) == 0, agents.logs()
+    records = read_metrics(out / "metrics.jsonl")
+    events = [r for r in records if "event" in r]
+    assert len(events) == 1 and events[0]["world_size"] == 1 and events[0]["restart"] == 1, events
+    assert 10 <= events[0]["step"] < 40 and events[0]["checkpoint"] == f"step-{events[0]['step']:08d}"
+    assert [r["step"] for r in records if "loss" in r] == list(range(5, 41, 5))
+    assert (out / "checkpoints" / "step-00000040").is_dir()
