@@ -66,21 +66,37 @@ def test_checkpoint_of_two_agents_resumes_on_one_process(runs):
     _close(read_losses(runs / "resumed"), read_losses(runs / "reference"), range(6, STEPS + 1))
 
 
-def test_lost_node_goes_on_with_the_smaller_world(tmp_path):
-    """`--nnodes 1:2 --max-restarts 1`, dp_shard -1 (the default): one agent killed with its worker after the
-    first checkpoint (a lost node); the other restarts alone and finishes the run from that checkpoint."""
+def _lose_a_node(tmp_path, *flags):
+    """Train the digits on `--nnodes 1:2 --max-restarts 1` with two agents, kill the second agent and its worker
+    after the first checkpoint (a lost node); returns (the first agent's exit code, its log, the run folder)."""
     out = tmp_path / "run"
     config = digits_config(tmp_path / "c.yaml", out)
     port = free_port()
     with Agents(tmp_path) as agents:
-        nodes = [agents.start("-m", "dit_trainer", "train", "--config", config, nnodes="1:2", node_rank=n, port=port,
-                              max_restarts=1) for n in (0, 1)]
+        nodes = [agents.start("-m", "dit_trainer", "train", "--config", config, *flags, nnodes="1:2", node_rank=n,
+                              port=port, max_restarts=1) for n in (0, 1)]
         wait_for(out / "checkpoints" / "step-00000010", nodes[0])
         kill_node(nodes[1])
-        assert nodes[0].wait(timeout=240) == 0, agents.logs()
+        code = nodes[0].wait(timeout=240)
+        return code, Path(nodes[0].log_path).read_text(errors="replace"), out
+
+
+def test_lost_node_goes_on_with_the_smaller_world(tmp_path):
+    """dp_shard -1 (the default): the surviving agent restarts alone and finishes from the checkpoint."""
+    code, log, out = _lose_a_node(tmp_path)
+    assert code == 0, log[-4000:]
     records = read_metrics(out / "metrics.jsonl")
     events = [r for r in records if "event" in r]
     assert len(events) == 1 and events[0]["world_size"] == 1 and events[0]["restart"] == 1, events
     assert 10 <= events[0]["step"] < 40 and events[0]["checkpoint"] == f"step-{events[0]['step']:08d}"
     assert [r["step"] for r in records if "loss" in r] == list(range(5, 41, 5))
     assert (out / "checkpoints" / "step-00000040").is_dir()
+
+
+def test_lost_node_with_fixed_degrees_stops_in_one_line(tmp_path):
+    """--parallel.dp_shard 2 fits no world of 1: the restarted rank says so in one line and the launch ends."""
+    code, log, out = _lose_a_node(tmp_path, "--parallel.dp_shard", "2")
+    assert code != 0
+    lines = [line for line in log.splitlines() if "dit train: error:" in line]
+    assert len(lines) == 1 and "do not multiply to the world size 1" in lines[0], log[-4000:]
+    assert (out / "checkpoints" / "step-00000010").is_dir()
