@@ -57,9 +57,10 @@ class Agents:
                f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.2"]
         if rdzv == "c10d":
             # The endpoint is node 0's, as on real hosts, where only node 0's address matches it (here every
-            # agent's does, and whichever bound the port first would host the rendezvous).
-            cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test",
-                    f"--rdzv-conf=join_timeout=60,last_call_timeout=1,is_host={int(node_rank == 0)}"]
+            # agent's does, and whichever bound the port first would host the rendezvous). A lost node is
+            # dropped after 5 missed 1-s heartbeats (torch's default: 3 missed 5-s ones).
+            conf = f"join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5,is_host={int(node_rank == 0)}"
+            cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test", f"--rdzv-conf={conf}"]
         else:
             cmd += ["--master-addr=127.0.0.1", f"--master-port={port}"]
         cmd += [str(a) for a in args]
