@@ -59,7 +59,8 @@ class Agents:
             # The endpoint is node 0's, as on real hosts, where only node 0's address matches it (here every
             # agent's does, and whichever bound the port first would host the rendezvous). A lost node is
             # dropped after 5 missed 1-s heartbeats (torch's default: 3 missed 5-s ones).
-            conf = f"join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5,is_host={int(node_rank == 0)}"
+            conf = ("join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5,"
+                    f"is_host={int(node_rank == 0)}")
             cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=test", f"--rdzv-conf={conf}"]
         else:
             cmd += ["--master-addr=127.0.0.1", f"--master-port={port}"]
@@ -84,7 +85,8 @@ class Agents:
 
     def logs(self, tail=4000) -> str:
         """The tail of every agent's log."""
-        return "\n".join(f"--- {p.log_path}\n{Path(p.log_path).read_text(errors='replace')[-tail:]}" for p in self.procs)
+        return "\n".join(f"--- {p.log_path}\n{Path(p.log_path).read_text(errors='replace')[-tail:]}"
+                         for p in self.procs)
 
     def __enter__(self):
         return self

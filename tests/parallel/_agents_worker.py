@@ -14,7 +14,8 @@ from dit_trainer.train import DiTTrainer
 from tests.parallel._common import LAYOUT_TRAIN, TinyLatents, tiny_config
 
 # Across two agents: DDP and FSDP over every rank, HSDP replicating across the agents, sharding within each.
-LAYOUTS = {"ddp": {"dp_replicate": -1, "dp_shard": 1}, "fsdp": {"dp_shard": -1}, "hsdp": {"dp_replicate": 2, "dp_shard": -1}}
+LAYOUTS = {"ddp": {"dp_replicate": -1, "dp_shard": 1}, "fsdp": {"dp_shard": -1},
+           "hsdp": {"dp_replicate": 2, "dp_shard": -1}}
 
 
 def main():
@@ -25,7 +26,8 @@ def main():
     torch.use_deterministic_algorithms(True)
     out = Path(args.out)
     for name in args.layouts.split(","):
-        DiTTrainer(tiny_config(out / name, LAYOUTS[name], train=LAYOUT_TRAIN.get(name, {})), dataset=TinyLatents()).train()
+        cfg = tiny_config(out / name, LAYOUTS[name], train=LAYOUT_TRAIN.get(name, {}))
+        DiTTrainer(cfg, dataset=TinyLatents()).train()
     where = {k: int(os.environ[k]) for k in ("RANK", "GROUP_RANK", "LOCAL_RANK", "WORLD_SIZE")}
     (out / f"rank{where['RANK']}.json").write_text(json.dumps(where))
     leave_process_group()

@@ -38,7 +38,7 @@ def _round(port, world_size, stale_ranks=()):
 def test_every_round_agrees_on_a_new_attempt():
     """Ranks of one round get one number, each round a new one, also with tokens of earlier rounds in the store."""
     port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))  # noqa: F841 (serves the rounds)
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))  # noqa: F841 (serves)
     first = _round(port, 3)
     second = _round(port, 3, stale_ranks=(1, 2))
     third = _round(port, 2, stale_ranks=(1,))  # a smaller world: a node lost

@@ -45,11 +45,6 @@ def init_process_group(backend: str, timeout: Optional[timedelta] = None) -> Non
                             world_size=world_size, timeout=timeout)
 
 
-def attempt() -> Optional[int]:
-    """The attempt the group was formed in (1, 2 after one restart, ...), or None when no agent store was shared."""
-    return _attempt
-
-
 def agree_on_attempt(store, rank: int, world_size: int, timeout: timedelta) -> int:
     """A number that every rank of this round gets alike and no earlier round had: rank 0 draws it, the
     others ask for it with a fresh token (an answer to their token can only come from this round)."""
