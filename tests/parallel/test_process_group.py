@@ -53,7 +53,7 @@ def _losses(out):
 
 @pytest.mark.distributed
 def test_killed_worker_restarts_and_ends_bitwise_equal(tmp_path):
-    """torchrun --max-restarts 1 with c10d rendezvous (FSDP over 2 workers): rank 1 killed with SIGKILL after the
+    """torchrun --max-restarts 1 with c10d rendezvous (FSDP over 2 workers): rank 0 killed with SIGKILL after the
     first checkpoint; both restart, resume the newest checkpoint without a flag, and the losses, weights and EMA
     equal an uninterrupted launch's bit for bit; metrics.jsonl records the restart."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -62,7 +62,7 @@ def test_killed_worker_restarts_and_ends_bitwise_equal(tmp_path):
         agents.start(*args, "--config", digits_config(tmp_path / "a.yaml", straight), nproc=2)
         victim = agents.start(*args, "--config", digits_config(tmp_path / "b.yaml", killed), nproc=2, max_restarts=1)
         wait_for(killed / "checkpoints" / "step-00000010", victim)
-        os.kill(worker_pid(victim, rank=1), signal.SIGKILL)
+        os.kill(worker_pid(victim, rank=0), signal.SIGKILL)  # the rank that holds the lock and writes metrics
         assert agents.wait() == [0, 0], agents.logs()
     events = [r for r in read_metrics(killed / "metrics.jsonl") if r.get("event") == "resumed"]
     assert len(events) == 1, f"want one resume record, got {events}"
