@@ -52,7 +52,8 @@ def train_run(out, path, **data):
 
 
 def losses(out):
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+    return [r["loss"] for r in rows if "loss" in r]  # a resume under torchrun adds a record without one
 
 
 def online(assets, cache, **extra):

@@ -48,7 +48,9 @@ class _Dist:
         if self.world > 1 and not torch.distributed.is_initialized():
             # Gloo suffices for barriers and works on CPU-only hosts; ranks that finish early wait
             # at the final barrier, hence the long timeout.
-            torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(hours=12))
+            from dit_trainer.parallel.process_group import init_process_group
+
+            init_process_group("gloo", timeout=datetime.timedelta(hours=12))
             self.owned = True
 
     def barrier(self) -> None:

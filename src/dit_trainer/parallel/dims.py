@@ -205,10 +205,11 @@ def init_distributed(parallel, device: Optional[torch.device] = None) -> Paralle
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        from dit_trainer.parallel.process_group import init_process_group
+
         section = getattr(parallel, "parallel", parallel)
         backend = choose_backend(getattr(section, "backend", "auto"), device)
         # parallel.timeout: how long a collective waits for a missing rank before it fails (gloo's own default is 30 min).
-        timeout = datetime.timedelta(seconds=getattr(section, "timeout", 600.0))
-        dist.init_process_group(backend=backend, timeout=timeout)
+        init_process_group(backend, timeout=datetime.timedelta(seconds=getattr(section, "timeout", 600.0)))
     dims.build_mesh("cuda" if device is not None and torch.device(device).type == "cuda" else "cpu")
     return dims

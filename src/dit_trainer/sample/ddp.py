@@ -48,10 +48,11 @@ def _dist():
     import torch
     import torch.distributed as dist
 
+    from dit_trainer.parallel.process_group import init_process_group
     from dit_trainer.sample.fid_batch import ONE_PROCESS, Ranks
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     if dist.is_initialized():
         def from_rank0(obj):
             box = [obj]

@@ -39,11 +39,7 @@ class MetricsLogger:
         """Append `values` for `step` to every sink."""
         if not self.enabled:
             return
-        # NaN and inf are not JSON (strict readers refuse `"loss": NaN`): they are written as null.
-        record = {"step": step, **{k: None if isinstance(v, float) and not math.isfinite(v) else v
-                                   for k, v in values.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        self.note(step, values)
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)):
@@ -51,6 +47,16 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(step, values)
+
+    def note(self, step: int, values: dict) -> None:
+        """Append `values` for `step` to metrics.jsonl only: an event (a resume), not a curve to plot."""
+        if not self.enabled:
+            return
+        # NaN and inf are not JSON (strict readers refuse `"loss": NaN`): they are written as null.
+        record = {"step": step, **{k: None if isinstance(v, float) and not math.isfinite(v) else v
+                                   for k, v in values.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
 
     def log_image(self, step: int, tag: str, path) -> None:
         """A sample grid (PNG at `path`) beside the scalars, in TensorBoard and W&B."""

@@ -27,6 +27,7 @@ from dit_trainer.models.routing import TokenRouting
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
 from dit_trainer.parallel.ema import ShardedEMA
+from dit_trainer.parallel.process_group import resume_record
 from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.phema import snapshots, tracker
 from dit_trainer.repa.encoder import Alignment
@@ -361,6 +362,8 @@ class DiTTrainer:
         if main:
             # Also without a checkpoint: a run killed before its first save logged steps that will be redone.
             logger.truncate_after(self.step)
+            if resumed is not None and (record := resume_record(resumed, self.dims.world_size)):
+                logger.note(self.step, record)
         mfu = mfu_meter(self)
         fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
         bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
