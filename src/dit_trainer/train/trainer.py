@@ -20,7 +20,7 @@ from dit_trainer.checkpoint.checkpointer import Checkpointer
 from dit_trainer.config import backend_of, build_config, config_yaml, save_config
 from dit_trainer.data.loader import DataShapes
 from dit_trainer.devices import enable_tf32, resolve_device
-from dit_trainer.errors import CheckpointError, ConfigError, DataError
+from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.fs import write_error_text
 from dit_trainer.models import get_spec
 from dit_trainer.models.routing import TokenRouting
@@ -32,7 +32,7 @@ from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.phema import snapshots, tracker
 from dit_trainer.repa.encoder import Alignment
 from dit_trainer.repa.objective import aligned
-from dit_trainer.train import preflight, resume
+from dit_trainer.train import preflight, resume, state
 from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.heartbeat import Heartbeat
@@ -233,35 +233,11 @@ class DiTTrainer:
 
     def trainer_state(self) -> dict:
         """Everything besides weights and optimizer that resuming needs (a collective: every rank calls it)."""
-        state = {
-            "step": self.step,
-            "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "data": self.loader.state_dict() if self.loader is not None else None,
-            **self.update.state_dict(),
-        }
-        if torch.cuda.is_available():
-            state["cuda_rng"] = torch.cuda.get_rng_state_all()
-        state.update(self.objective.state_dict())
-        if self.scaler:
-            state["grad_scaler"] = self.scaler.state_dict()
-        return state
+        return state.collect(self)
 
-    def load_trainer_state(self, state: dict) -> None:
+    def load_trainer_state(self, saved: dict) -> None:
         """Restore what `trainer_state` saved."""
-        self.step = int(state["step"])
-        self.update.load_state_dict(state)
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        if state.get("data") is not None and self.loader is not None:
-            self.loader.load_state_dict(state["data"])
-        if "cuda_rng" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        self.objective.load_state_dict(state)
-        if self.scaler and "grad_scaler" in state:
-            self.scaler.load_state_dict(state["grad_scaler"])
+        state.restore(self, saved)
 
     def save_checkpoint(self):
         """Write model, EMA, optimizer and trainer state for the current step (all ranks call it)."""
@@ -296,26 +272,7 @@ class DiTTrainer:
 
     def build_loader(self):
         """The endless per-rank loader of global-batch shares."""
-        from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
-        from dit_trainer.data.online.encoder import encoder_for
-
-        cfg = self.cfg
-        if self.dataset is None:
-            self.dataset = build_dataset(cfg)
-        if self.alignment is not None:
-            self.alignment.check_data(self.dataset)
-        shape = getattr(self.dataset, "latent_shape", None)
-        if shape is not None and tuple(shape) != tuple(self.sample_shape):
-            raise DataError(f"{cfg.data.path} holds {'x'.join(map(str, shape))} latents but the model takes "
-                            f"{'x'.join(map(str, self.sample_shape))}; set model.in_channels/input_size to match "
-                            "(input_size is the image size / the VAE's downsampling factor, 8 for the SD VAEs) or "
-                            "re-extract the data")
-        sampler = GlobalBatchSampler(len(self.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
-                                     dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size)
-        # An image folder's VAE encodes on this device what its latent cache lacks.
-        stage = encoder_for(self.dataset, self.device, self.dims, progress=self.is_main and cfg.logging.progress)
-        return StepLoader(self.dataset, sampler, num_workers=cfg.data.num_workers, pin_memory=self.device.type == "cuda",
-                          stage=stage)
+        return state.build_loader(self)
 
     def train(self, max_steps_name: str = "train.max_steps") -> dict:
         """Run until `train.max_steps` or a SIGTERM/SIGINT (then save and return); returns the last logged
