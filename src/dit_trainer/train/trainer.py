@@ -31,6 +31,7 @@ from dit_trainer.parallel.utils import barrier, clip_grad_norm_, is_dtensor
 from dit_trainer.phema import snapshots, tracker
 from dit_trainer.train import preflight, resume
 from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
+from dit_trainer.train.compile_cache import use_compile_cache
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
@@ -78,6 +79,8 @@ class DiTTrainer:
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         compiled = cfg.train.compile == "true"
+        # Before the first compile: torch reads where its caches live when it first compiles.
+        self.compile_cache = use_compile_cache(cfg, self.device) if compiled else None
         # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
         no_ac = cfg.train.activation_checkpointing == "none"
         budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
