@@ -120,8 +120,10 @@ def main(argv=None):
     first_cold = statistics.median(r["first"] for r in cold)
     first_warm = statistics.median(r["first"] for r in warm)
     overhead = [statistics.median(r["first"] - r["steady"] for r in runs) for runs in (cold, warm)]
-    print(f"warm first step / cold first step: {first_warm / first_cold:.0%}   "
-          f"(compile alone, first minus steady step: {overhead[1] / overhead[0]:.0%})")
+    # One line gpu_check.py's summary takes as it is.
+    print(f"compile cache {args.model} batch {args.batch_size} {args.mixed_precision}: first step cold {first_cold:.1f} s, "
+          f"warm {first_warm:.1f} s = {first_warm / first_cold:.0%} of cold (the compile alone, first minus steady "
+          f"step: {overhead[1] / overhead[0]:.0%})")
 
 
 if __name__ == "__main__":
