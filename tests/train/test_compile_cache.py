@@ -83,6 +83,10 @@ def test_auto_off_and_a_path(tmp_path, monkeypatch):
     cfg = build_config({"output_dir": str(tmp_path / "run"), "model": MODEL, "train": {"compile_cache": "off"}})
     assert cc.use_compile_cache(cfg, "cpu") is None and not (tmp_path / "run").exists()
     assert not any(os.environ.get(name) for name in cc.CACHE_VARIABLES)
+    (tmp_path / "file").write_text("not a folder")
+    cfg.train.compile_cache = str(tmp_path / "file" / "cache")
+    with pytest.raises(ConfigError, match=r"train.compile_cache: cannot create .*file/cache/DiT-S-2-\w+: "):
+        cc.use_compile_cache(cfg, "cpu")
     with pytest.raises(ConfigError, match="train.compile_cache is empty"):
         build_config({"output_dir": str(tmp_path), "train": {"compile_cache": " "}})
 

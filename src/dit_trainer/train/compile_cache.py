@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from dit_trainer.errors import ConfigError
+
 # The folder under output_dir when `train.compile_cache` is auto.
 RUN_FOLDER_NAME = "compile_cache"
 # The process-wide variables torch reads where it compiles (set before the first compile).
@@ -93,7 +95,11 @@ def use_compile_cache(cfg, device):
         return None
     model = cfg.to_dict()["model"]
     folder = cache_folder(root, model, device)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"train.compile_cache: cannot create {folder}: {err.strerror or err}; name a folder this "
+                          "user can write, or off") from None
     _record_key(folder, model, device)
     point_torch_at(folder, root / HEADER_FOLDER_NAME)
     return folder
