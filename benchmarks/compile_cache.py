@@ -1,6 +1,6 @@
 """The first training step of a per-block-compiled DiT, cold against warm (`train.compile_cache`).
 
-    python benchmarks/compile_cache.py                               # DiT-S/2, 32x32x4 latents, batch 8, CPU
+    python benchmarks/compile_cache.py                               # DiT-S/2, 32x32x4 latents, batch 2, CPU
     python benchmarks/compile_cache.py --model DiT-XL/2 --device cuda --mixed-precision bf16 --batch-size 32
 
 Each run is a fresh process, as a restart is: a `DiTTrainer` with `train.compile true` and
@@ -9,7 +9,10 @@ backward compile, then the step) and second step are timed. Cold: the folder is 
 temporary one per repeat, so torch's caches in /tmp or ~ play no part). Warm: the same folder again,
 filled by the cold run. The table gives the median of `--repeats` pairs of each and the ratio of the
 first steps, warm over cold; a steady step is printed too, so the compile's own share can be read
-(first step minus steady step). The runs' TMPDIR is a temporary folder, so nothing of torch's
+(first step minus steady step). The default batch is small (2) and the runs use one thread, so
+the step's own compute, which a shared CPU's load inflates most, stays small beside the compile,
+as it is on a GPU (DiT-XL/2's step takes well under a second against a minute of compile).
+The runs' TMPDIR is a temporary folder, so nothing of torch's
 default cache (/tmp/torchinductor_USER) is reused. The FX graph and AOTAutograd cache hit counts
 of the warm run say what it reused.
 """
@@ -35,6 +38,7 @@ def child(args) -> None:
 
     from dit_trainer.train import DiTTrainer
 
+    torch.set_num_threads(args.threads)
     started = time.perf_counter()
     trainer = DiTTrainer({
         "output_dir": args.output_dir,
@@ -63,7 +67,7 @@ def run_once(args, cache: Path, scratch: Path) -> dict:
     """One fresh process on `cache`; its TMPDIR is `scratch`."""
     cmd = [sys.executable, __file__, "--child", "--cache", str(cache), "--output-dir", str(scratch / "run"),
            "--model", args.model, "--input-size", str(args.input_size), "--batch-size", str(args.batch_size),
-           "--device", args.device, "--mixed-precision", args.mixed_precision]
+           "--device", args.device, "--mixed-precision", args.mixed_precision, "--threads", str(args.threads)]
     env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
@@ -78,7 +82,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="DiT-S/2")
     p.add_argument("--input-size", type=int, default=32, help="latent side (32: 256-px images)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     p.add_argument("--device", default="cpu")
     p.add_argument("--mixed-precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--repeats", type=int, default=1, help="cold/warm pairs; the table gives medians")
@@ -95,6 +100,7 @@ def main(argv=None):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import table
 
+    load_before = os.getloadavg()[0]
     cold, warm = [], []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="dit-compile-cache-") as tmp:
@@ -103,10 +109,10 @@ def main(argv=None):
             (tmp / "warm").mkdir()
             cold.append(run_once(args, tmp / "cache", tmp / "cold"))
             warm.append(run_once(args, tmp / "cache", tmp / "warm"))
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = f"{load_before:.2f} before, " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " after (1/5/15 min)"
     print(f"# benchmarks/compile_cache.py  {datetime.datetime.now():%Y-%m-%d %H:%M}  {args.model} "
           f"{args.input_size}x{args.input_size}x4 batch {args.batch_size} {args.mixed_precision} on {args.device}  "
-          f"{os.cpu_count()} CPUs  loadavg {load}  ({args.repeats} pair(s), medians)")
+          f"{os.cpu_count()} CPUs, {args.threads} torch thread(s)  loadavg {load}  ({args.repeats} pair(s), medians)")
     rows = []
     for name, runs in (("cold (empty cache)", cold), ("warm (same cache)", warm)):
         med = {k: statistics.median(r[k] for r in runs) for k in ("build", "first", "steady")}
