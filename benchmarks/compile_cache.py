@@ -125,7 +125,9 @@ def main(argv=None):
                  "AOT hits"], rows))
     first_cold = statistics.median(r["first"] for r in cold)
     first_warm = statistics.median(r["first"] for r in warm)
-    overhead = [statistics.median(r["first"] - r["steady"] for r in runs) for runs in (cold, warm)]
+    # As the table's compile column: median first step less median steady step.
+    overhead = [statistics.median(r["first"] for r in runs) - statistics.median(r["steady"] for r in runs)
+                for runs in (cold, warm)]
     # One line gpu_check.py's summary takes as it is.
     print(f"compile cache {args.model} batch {args.batch_size} {args.mixed_precision}: first step cold {first_cold:.1f} s, "
           f"warm {first_warm:.1f} s = {first_warm / first_cold:.0%} of cold (the compile alone, first minus steady "
