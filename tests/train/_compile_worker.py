@@ -1,11 +1,12 @@
-"""One tiny compiled training run in a fresh process, for the compile-cache test: prints one JSON line
-with torch's compile-cache counters and the folder the trainer chose. `--then-hidden-size N` then
-builds a trainer of another width in the same process and compiles its blocks' forward (no grad:
-half the compile of a step), counted apart as "changed"."""
+"""Compiled runs in a fresh process for the compile-cache tests; each prints one JSON line with torch's
+compile-cache counters and the folder the trainer chose.
+
+    python -m tests.train._compile_worker OUT [--steps N]   # a tiny compiled training run
+    python -m tests.train._compile_worker OUT --same-folder  # two widths' forwards forced into one folder
+"""
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 from torch._dynamo.utils import counters
@@ -34,23 +35,37 @@ def main():
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--hidden-size", type=int, default=32)
     p.add_argument("--compile-cache", default="auto")
-    p.add_argument("--then-hidden-size", type=int, default=None)
+    p.add_argument("--same-folder", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.same_folder:
+        return same_folder(args)
     trainer = DiTTrainer(config(args.out, args.hidden_size, args.steps, args.compile_cache), dataset=Latents())
     trainer.train()
-    report = {"folder": str(trainer.compile_cache), "inductor": dict(counters["inductor"]),
-              "aot_autograd": dict(counters["aot_autograd"])}
-    if args.then_hidden_size:
-        counters.clear()
-        # The same cache root as the first run's: only the model differs.
-        root = str(Path(trainer.compile_cache).parent)
-        other = DiTTrainer(config(args.out + "-changed", args.then_hidden_size, 1, root), dataset=Latents())
-        model = other.model.eval()
-        with torch.no_grad():
-            model(torch.randn(2, 4, 8, 8), torch.tensor([1, 500]), torch.tensor([3, 4]))
-        report["changed"] = {"folder": str(other.compile_cache), "inductor": dict(counters["inductor"])}
-    print(json.dumps(report))
+    print(json.dumps({"folder": str(trainer.compile_cache), "inductor": dict(counters["inductor"]),
+                      "aot_autograd": dict(counters["aot_autograd"])}))
+
+
+def forward(trainer):
+    """The trainer's compiled blocks' forward, without grad (half the compile of a training step)."""
+    with torch.no_grad():
+        trainer.model.eval()(torch.randn(2, 4, 8, 8), torch.tensor([1, 500]), torch.tensor([3, 4]))
+
+
+def same_folder(args):
+    """Two widths compiled into one folder (the first's): inductor's own keys keep the second from the first's
+    entries, whatever folder it is pointed at."""
+    from dit_trainer.train.compile_cache import HEADER_FOLDER_NAME, point_torch_at
+
+    first = DiTTrainer(config(args.out, args.hidden_size, 1, args.compile_cache), dataset=Latents())
+    forward(first)
+    before = dict(counters["inductor"])
+    counters.clear()
+    other = DiTTrainer(config(args.out + "-wider", args.hidden_size + 16, 1, args.compile_cache), dataset=Latents())
+    point_torch_at(first.compile_cache, first.compile_cache.parent / HEADER_FOLDER_NAME)
+    forward(other)
+    print(json.dumps({"folder": str(first.compile_cache), "inductor": before,
+                      "other": {"folder": str(other.compile_cache), "inductor": dict(counters["inductor"])}}))
 
 
 def config(out, hidden_size, steps, compile_cache):

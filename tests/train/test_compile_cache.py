@@ -33,8 +33,17 @@ def _run(tmp_path, *args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
-def test_a_restart_hits_the_cache_and_a_changed_model_compiles_afresh(tmp_path):
+needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+
+
+def _nothing_outside(tmp_path):
+    # Torch makes its default folder (empty) when it is imported; no file of the runs is outside the cache.
+    assert not [p for p in (tmp_path / "tmp").rglob("*") if not p.is_dir()]
+    assert not list((tmp_path / "home").rglob("*"))
+
+
+@needs_cc
+def test_a_restart_hits_the_compile_cache_in_the_run_folder(tmp_path):
     (tmp_path / "tmp").mkdir()
     (tmp_path / "home").mkdir()
     run = tmp_path / "run"
@@ -42,20 +51,27 @@ def test_a_restart_hits_the_cache_and_a_changed_model_compiles_afresh(tmp_path):
     folder = Path(first["folder"])
     assert folder.parent == run / "compile_cache" and (folder / "key.json").is_file()
     assert first["inductor"].get("fxgraph_cache_miss", 0) >= 2 and "fxgraph_cache_hit" not in first["inductor"]
-    entries = {p for p in folder.rglob("*") if p.is_file()}
-    assert any(p.suffix == ".so" for p in entries)  # the compiled kernels are in the run's folder
-
-    # The restart (resumed at step 1, its step 2 compiles the blocks again) and, in the same process, a wider model.
-    again = _run(tmp_path, run, "--steps", 2, "--then-hidden-size", 48)
+    assert any(p.suffix == ".so" for p in folder.rglob("*"))  # the compiled kernels are in the run's folder
+    # The restart: resumed at step 1, its step 2 compiles the blocks' forward and backward again, from the cache.
+    again = _run(tmp_path, run, "--steps", 2)
     assert again["folder"] == first["folder"]
     assert again["inductor"].get("fxgraph_cache_hit", 0) >= 2 and "fxgraph_cache_miss" not in again["inductor"]
     assert again["aot_autograd"].get("autograd_cache_hit", 0) >= 1
-    changed = again["changed"]
-    assert Path(changed["folder"]).parent == run / "compile_cache" and changed["folder"] != first["folder"]
-    assert changed["inductor"].get("fxgraph_cache_miss", 0) >= 1 and "fxgraph_cache_hit" not in changed["inductor"]
-    # Torch makes its default folder (empty) when it is imported; no file of the runs is outside the cache.
-    assert not [p for p in (tmp_path / "tmp").rglob("*") if not p.is_dir()]
-    assert not list((tmp_path / "home").rglob("*"))
+    _nothing_outside(tmp_path)
+
+
+@needs_cc
+def test_a_changed_model_never_hits_another_models_entries(tmp_path):
+    """Our folders keep models apart (test below); inside one folder inductor's own keys do too: a wider
+    model's forward, forced into the first model's folder, misses every entry there."""
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "home").mkdir()
+    got = _run(tmp_path, tmp_path / "run", "--same-folder")
+    assert got["inductor"].get("fxgraph_cache_miss", 0) >= 1 and "fxgraph_cache_hit" not in got["inductor"]
+    other = got["other"]
+    assert other["folder"] != got["folder"]  # its own folder, left for the first model's
+    assert other["inductor"].get("fxgraph_cache_miss", 0) >= 1 and "fxgraph_cache_hit" not in other["inductor"]
+    _nothing_outside(tmp_path)
 
 
 def test_the_folder_changes_with_the_model_torch_and_device(monkeypatch):
