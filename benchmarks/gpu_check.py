@@ -3,7 +3,7 @@
 
     python benchmarks/gpu_check.py probe          # "NAME|COUNT|torch X|CUDA Y" or one line on stderr, exit 2
     python benchmarks/gpu_check.py sdpa           # which attention kernel DiT-XL/2's bf16 SDPA runs
-    python benchmarks/gpu_check.py summary LOGDIR # reads LOGDIR/{train_b32,train_b128,sampling,fsdp_*,sdpa}.log
+    python benchmarks/gpu_check.py summary LOGDIR # reads LOGDIR/{train_b32,train_b128,sampling,fsdp_*,sdpa,compile_cache}.log
 """
 
 import datetime
@@ -160,6 +160,8 @@ def summary(logs: Path) -> int:
     print(attention[0] if attention else f"SDPA: no result ({statuses.get('sdpa', 'not run')})")
     print(sampling_line(logs, statuses.get("sampling", "not run")))
     print(fsdp_line(logs, statuses))
+    cache = [line for line in _read(logs, "compile_cache").splitlines() if line.startswith("compile cache")]
+    print(cache[-1] if cache else f"compile cache: no result ({statuses.get('compile_cache', 'not run')})")
     bad = {k: v for k, v in statuses.items() if v != "ok" and not v.startswith("skipped")}
     skipped = {k: v for k, v in statuses.items() if v.startswith("skipped")}
     print("status: " + ("all sub-runs ok" if not bad else "; ".join(f"{k} {v}" for k, v in bad.items()))

@@ -12,6 +12,8 @@
 #    sampling.py: DDIM-25 with CFG 4.0 in bf16, img/s of our sampler (latents, no VAE decode).
 # 3. With >= 2 GPUs, parallel.py: FSDP2 (torchrun, parallel.dp_shard N) img/s against 1 GPU at 32
 #    images per GPU.
+# 4. compile_cache.py: DiT-XL/2's first compiled step in a fresh process, cold (empty
+#    train.compile_cache) against warm (the same folder again), when the budget leaves time for it.
 # Each sub-run is bounded by `timeout`, all of them by GPU_CHECK_BUDGET seconds (default 540); a
 # compact summary comes last. Exit 0 when every sub-run finished, 1 when one failed or timed out,
 # 2 (with one line) when there is no CUDA GPU.
@@ -87,6 +89,10 @@ if ((ngpu >= 2)); then
 else
   echo "fsdp skipped (1 GPU; FSDP2 scaling needs >= 2)" >>"$logs/status"
 fi
+
+# Last, so the sub-runs above keep their time: a restart's first step, cold against warm.
+run compile_cache 150 "$py" "$here/compile_cache.py" --model DiT-XL/2 --device cuda --mixed-precision bf16 \
+  --batch-size 32
 
 echo
 "$py" "$here/gpu_check.py" summary "$logs"

@@ -102,3 +102,22 @@ def test_a_second_writer_of_one_npz_is_one_line(ckpt, tmp_path, capsys):
     finally:
         os.close(fd)
     assert _run("sample-ddp", ckpt, npz) == 0 and not parts.exists()  # the holder gone, the rerun works
+
+
+def test_a_users_picture_at_out_survives_until_overwrite(ckpt, tmp_path, capsys, monkeypatch):
+    png = tmp_path / "photo.png"
+    png.write_bytes(b"my holiday picture")
+    grid = ["sample", "--ckpt", ckpt, "--out", str(png), "--class-labels", "3", *FLAGS[4:]]
+    assert main(grid) == 2
+    assert f"--out {png} already exists; pass another --out or --overwrite to replace it" in _one_line(capsys)
+    assert png.read_bytes() == b"my holiday picture"
+    # Without --out the grid goes to samples.png in the working folder: the same rule holds there.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "samples.png").write_bytes(b"older grid")
+    assert main(grid[:3] + grid[5:]) == 2
+    assert "--out samples.png already exists" in _one_line(capsys)
+    assert (tmp_path / "samples.png").read_bytes() == b"older grid"
+    assert main([*grid, "--overwrite"]) == 0
+    from PIL import Image
+
+    assert Image.open(png).size[0] > 8 and not list(tmp_path.glob("*.tmp*"))

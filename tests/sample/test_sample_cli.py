@@ -70,8 +70,9 @@ def test_cli_is_deterministic_per_seed(digits_ckpt, tmp_path):
                           "--out", str(tmp_path / name)) == 0
         return np.asarray(Image.open(tmp_path / name))
 
-    assert np.array_equal(grid(0, "a.png"), grid(0, "b.png"))
-    assert not np.array_equal(grid(0, "a.png"), grid(1, "c.png"))
+    first = grid(0, "a.png")
+    assert np.array_equal(first, grid(0, "b.png"))
+    assert not np.array_equal(first, grid(1, "c.png"))
 
 
 def test_cli_unknown_class_name_is_one_line(digits_ckpt, capsys):

@@ -154,6 +154,9 @@ def check_values(cfg) -> None:
     if not str(cfg.output_dir).strip():
         # Path("") is the current folder: the run would write its files among the user's own.
         raise ConfigError("output_dir is empty; name the run's folder, e.g. --output_dir outputs/run")
+    if cfg.train.compile_cache is None or not str(cfg.train.compile_cache).strip():
+        raise ConfigError("train.compile_cache is empty; it must be auto (output_dir/compile_cache), off (torch's "
+                          "default place) or a folder")
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
         raise ConfigError(f"train.global_batch_size {cfg.train.global_batch_size} does not split into "
                           f"train.grad_accum_steps {cfg.train.grad_accum_steps} micro-batches; pick a divisor of it")

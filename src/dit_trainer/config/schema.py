@@ -90,6 +90,7 @@ class TrainConfig:
     phema_dtype: str = "fp16"  # fp16 | fp32: what post-hoc EMA snapshots store the profiles in (EDM2 stores fp16; frozen parameters keep their own dtype)
     activation_checkpointing: str = "none"  # none | full | selective
     compile: str = "auto"  # auto | true | false: torch.compile each block; auto: for runs that repay the ~1 min compile
+    compile_cache: str = "auto"  # where compiled blocks are kept for the next start of this model on this machine and torch (one subfolder per model, torch and device): auto is output_dir/compile_cache; a path (e.g. a node-local disk) to share it between runs; off leaves torch's default (/tmp/torchinductor_USER)
     activation_memory_budget: float = 0.8  # compiled blocks without AC keep this fraction of the activations inductor would keep, recomputing the cheapest rest; 1 keeps all
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     skip_nonfinite_steps: bool = False  # a NaN/inf loss or grad norm skips the update instead of stopping

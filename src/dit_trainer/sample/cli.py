@@ -74,8 +74,9 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --npz (and its preview .png) that is not this command's batch of the same "
-                        "settings; without it such a file is refused, and a finished batch of the same settings is done")
+                   help="replace an existing --out picture, or an --npz (and its preview .png) that is not this command's "
+                        "batch of the same settings; without it such a file is refused, and a finished batch of the same "
+                        "settings is done")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--compile", choices=("auto", "true", "false"), default="auto",
                    help="torch.compile the model's forward first (about a minute once); auto: when the run makes "
@@ -253,6 +254,7 @@ def run(args) -> int:
     from dit_trainer import checkpoint
     from dit_trainer.class_names import dataset_class_names, resolve_labels
     from dit_trainer.devices import resolve_device
+    from dit_trainer.fs import refuse_existing
     from dit_trainer.sample.compile import resolve_sample_compile
     from dit_trainer.sample.decode import to_images
     from dit_trainer.sample.fid_batch import rank_chunks, write_fid_batch
@@ -260,6 +262,9 @@ def run(args) -> int:
     from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, default_classes, sample_latents
 
     check_args(args)
+    grid_path = args.out or (None if args.npz else "samples.png")
+    if grid_path and not args.overwrite:  # before minutes of sampling: a picture there is the user's
+        refuse_existing(grid_path, "--out", ConfigError)
     device = resolve_device(args.device, "--device")
     keep_freed_memory_on(device)
     reader = checkpoint.open(args.ckpt, flag="--ckpt")
@@ -272,7 +277,7 @@ def run(args) -> int:
     elif args.class_labels:
         labels = resolve_labels(args.class_labels, num_classes=num_classes)
     load_vae(args, sampling)
-    grid = bool(args.out or not args.npz)
+    grid = grid_path is not None
     batches = (len(rank_chunks(args.num_samples, args.batch_size)) if args.npz else 0) + int(grid)
     compiled = resolve_sample_compile(args.compile, model, batches, sampling.args.steps, device)
     if args.npz:
@@ -286,6 +291,6 @@ def run(args) -> int:
                                  seed=args.seed, device=device, progress=not args.no_progress, compile=compiled,
                                  **sampling.guidance(), **sampling.options)
         nrow = args.nrow or (per_class if per_class > 1 else min(len(grid_labels), 8))
-        path = save_grid(to_images(samples, *sampling.decoder), args.out or "samples.png", nrow=nrow)
+        path = save_grid(to_images(samples, *sampling.decoder), grid_path, nrow=nrow)
         print(f"wrote {len(grid_labels)} samples to {path}")
     return 0

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.fs import staged_file
 
 
 def to_uint8(images) -> np.ndarray:
@@ -50,9 +51,11 @@ def save_grid(images, path, nrow=8, padding=2):
         top, left = padding + (i // cols) * (h + padding), padding + (i % cols) * (w + padding)
         grid[top:top + h, left:left + w] = img
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Grayscale stays single-channel ("L"): the digits demo's classifier reads it back as such.
-    Image.fromarray(grid[..., 0] if c == 1 else grid).save(path)
+    # Under a temporary name, renamed when whole: an interrupted write leaves the old picture, not half a new one.
+    fmt = Image.registered_extensions().get(path.suffix.lower())
+    with staged_file(path, ConfigError) as tmp:
+        # Grayscale stays single-channel ("L"): the digits demo's classifier reads it back as such.
+        Image.fromarray(grid[..., 0] if c == 1 else grid).save(tmp, format=fmt)
     return path
 
 

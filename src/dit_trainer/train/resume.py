@@ -27,6 +27,7 @@ from dit_trainer.checkpoint import files as ckpt
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.fs import check_regular
 from dit_trainer.parallel.utils import any_rank, barrier, from_main
+from dit_trainer.train.compile_cache import RUN_FOLDER_NAME as COMPILE_CACHE_NAME
 from dit_trainer.train.heartbeat import HEARTBEAT_DIR
 from dit_trainer.train.run_lock import LOCK_NAME
 
@@ -92,10 +93,11 @@ def prepare_fresh_start(cfg, is_main: bool) -> None:
             while dest.exists():
                 dest, n = dest.with_name(f"{dest.name.split('~')[0]}~{n}"), n + 1
             dest.mkdir()
-            # Everything but the lock this run holds, which must stay where a second run looks for it, and
-            # the heartbeat files its ranks are rewriting (train/heartbeat.py).
+            # Everything but the lock this run holds, which must stay where a second run looks for it, the
+            # heartbeat files its ranks are rewriting (train/heartbeat.py), and the compile cache, no part of
+            # a run's history (keyed by model, so never stale).
             for child in out.iterdir():
-                if child.name not in (LOCK_NAME, HEARTBEAT_DIR):
+                if child.name not in (LOCK_NAME, HEARTBEAT_DIR, COMPILE_CACHE_NAME):
                     child.rename(dest / child.name)
             print(f"moved the earlier run in {out} to {dest}", file=sys.stderr)
         else:

@@ -34,6 +34,7 @@ from dit_trainer.repa.encoder import Alignment
 from dit_trainer.repa.objective import aligned
 from dit_trainer.train import preflight, resume, state
 from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
+from dit_trainer.train.compile_cache import use_compile_cache
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.heartbeat import Heartbeat
 from dit_trainer.train.forward_backward import ForwardBackward
@@ -88,6 +89,8 @@ class DiTTrainer:
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.latent_stats = device_stats(cfg.data, self.device)  # None unless latents are normalised per channel
         compiled = cfg.train.compile == "true"
+        # Before the first compile: torch reads where its caches live when it first compiles.
+        self.compile_cache = use_compile_cache(cfg, self.device) if compiled else None
         # AC decides what compiled blocks recompute by itself; without compile nothing reads the budget.
         no_ac = cfg.train.activation_checkpointing == "none"
         budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
