@@ -132,15 +132,20 @@ class ParallelDims:
         dist.all_gather(gathered, tensor, group=self._dp_mesh.get_group())
         return torch.cat(gathered)
 
-    def build_mesh(self, device_type: str = "cpu"):
-        """The 4-D mesh ("pp", "dp_replicate", "dp_shard", "tp") plus a flattened "dp" dimension."""
+    def build_mesh(self, device_type: str = "cpu", timeout: Optional[datetime.timedelta] = None):
+        """The 4-D mesh ("pp", "dp_replicate", "dp_shard", "tp") plus a flattened "dp" dimension; `timeout`:
+        its groups' (parallel.timeout), None for torch's default."""
         from torch.distributed.device_mesh import init_device_mesh
 
         # Size-1 dimensions stay in the mesh so that `mesh["tp"]` works for every layout.
         shape = tuple(getattr(self, n) for n in MESH_DIMS)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+        options = _group_options(timeout)
+        # The mesh makes its own groups, with torch's default timeout (30 min on gloo) unless told otherwise,
+        # so a rank stuck in an HSDP or TP collective would outwait parallel.timeout.
+        override = {n: options for n in MESH_DIMS} if options is not None else None
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS, backend_override=override)
         # Keep the flattened mesh itself: slicing a flattened dim from the root is deprecated.
-        self._dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        self._dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten("dp", backend_override=options)
         self._mesh = mesh
         return mesh
 
@@ -194,6 +199,17 @@ def choose_backend(requested: str = "auto", device: Optional[torch.device] = Non
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def _group_options(timeout: Optional[datetime.timedelta]):
+    """Options that give a device mesh's groups `timeout` on the default group's backend (None: torch's default)."""
+    import torch.distributed as dist
+
+    if timeout is None or not dist.is_initialized():
+        return None
+    options = dist.ProcessGroupNCCL.Options() if dist.get_backend() == "nccl" else dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    return options
+
+
 def init_distributed(parallel, device: Optional[torch.device] = None) -> ParallelDims:
     """Join torchrun's process group (if launched by it) and build the mesh; single process otherwise."""
     import torch.distributed as dist
@@ -204,12 +220,12 @@ def init_distributed(parallel, device: Optional[torch.device] = None) -> Paralle
         return dims
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    section = getattr(parallel, "parallel", parallel)
+    # parallel.timeout: how long a collective waits for a missing rank before it fails (gloo's own default is 30 min).
+    timeout = datetime.timedelta(seconds=getattr(section, "timeout", 600.0))
     if not dist.is_initialized():
         from dit_trainer.parallel.process_group import init_process_group
 
-        section = getattr(parallel, "parallel", parallel)
-        backend = choose_backend(getattr(section, "backend", "auto"), device)
-        # parallel.timeout: how long a collective waits for a missing rank before it fails (gloo's own default is 30 min).
-        init_process_group(backend, timeout=datetime.timedelta(seconds=getattr(section, "timeout", 600.0)))
-    dims.build_mesh("cuda" if device is not None and torch.device(device).type == "cuda" else "cpu")
+        init_process_group(choose_backend(getattr(section, "backend", "auto"), device), timeout=timeout)
+    dims.build_mesh("cuda" if device is not None and torch.device(device).type == "cuda" else "cpu", timeout)
     return dims

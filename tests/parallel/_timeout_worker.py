@@ -1,0 +1,25 @@
+"""torchrun worker: join with `parallel.timeout` and print, as JSON, the timeout of every group the mesh uses."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from dit_trainer.config import build_config
+from dit_trainer.parallel.dims import init_distributed
+
+
+def main(timeout: float, parallel: str):
+    cfg = build_config({"model": {"name": "DiT-S/2"}, "parallel": {**json.loads(parallel), "timeout": timeout}})
+    dims = init_distributed(cfg.parallel, torch.device("cpu"))
+    groups = {name: dims.mesh[name].get_group() for name in ("pp", "dp_replicate", "dp_shard", "tp")}
+    groups["dp"] = dims.dp_mesh.get_group()
+    seconds = {name: g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for name, g in groups.items()}
+    if dist.get_rank() == 0:
+        print(json.dumps(seconds), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]), sys.argv[2])
