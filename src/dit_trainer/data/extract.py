@@ -29,6 +29,7 @@ from dit_trainer.vae import latent_stats
 from dit_trainer.vae.autoencoder import has_posterior, latent_shape, load_vae, resolve_dtype, scaling
 from dit_trainer.data.shard_images import ImageSidecar
 from dit_trainer.errors import DataError
+from dit_trainer.npy import open_memmap
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 
 # What a failed write raises: OSError, or a RuntimeError where a library words a full disk its own way.
@@ -274,7 +275,7 @@ def _shard_sums(out, marker) -> dict:
     """A shard's per-channel sums: its marker's, else (a shard written before they were kept) from its file."""
     if "latent_sums" in marker or not marker["count"]:
         return marker.get("latent_sums") or {"n": 0}
-    return latent_stats.channel_sums(np.load(os.path.join(out, f"{marker['name']}.npy"), mmap_mode="r"))
+    return latent_stats.channel_sums(open_memmap(os.path.join(out, f"{marker['name']}.npy")))
 
 
 def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
