@@ -1,5 +1,7 @@
 """REPA settings small enough for tests: a random-weight DINOv2-shaped encoder of one block."""
 
+from tests.train.trainer_helpers import with_sections
+
 TINY_ENCODER = {"embed_dim": 16, "depth": 1, "num_heads": 2, "img_size": 56}
 TINY_REPA = {"enabled": True, "projector_dim": 32, "encoder_weights": "random", "encoder_overrides": TINY_ENCODER}
 
@@ -16,9 +18,4 @@ def digits_config(out, steps=10, **sections):
         "logging": {"log_steps": 1, "progress": False, "tensorboard": False},
         "repa": dict(TINY_REPA),
     }
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            cfg.setdefault(section, {}).update(values)
-        else:
-            cfg[section] = values
-    return cfg
+    return with_sections(cfg, sections)

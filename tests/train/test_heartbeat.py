@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from dit_trainer.checkpoint.files import list_checkpoints, step_of, verify_checkpoint
 from dit_trainer.config import build_config
 from dit_trainer.errors import ConfigError
 from dit_trainer.train import heartbeat as hb
 from tests.subprocess_env import subprocess_env
+from tests.train._stall_worker import Latents
 from tests.train.trainer_helpers import tiny_config
 
 WORKER = Path(__file__).with_name("_stall_worker.py")
@@ -172,19 +172,6 @@ def test_a_damaged_heartbeat_reads_as_none(tmp_path, text):
     assert hb.read_heartbeat(tmp_path / "missing.json") is None
 
 
-class SlowLatents(torch.utils.data.Dataset):
-    def __init__(self, delay):
-        g = torch.Generator().manual_seed(0)
-        self.x, self.y, self.delay = torch.randn(16, 4, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g), delay
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return self.x[i], self.y[i]
-
-
 def test_heartbeat_advances_during_a_one_process_run(tmp_path):
     from dit_trainer.train import DiTTrainer
 
@@ -198,7 +185,7 @@ def test_heartbeat_advances_during_a_one_process_run(tmp_path):
                 seen.append(rec)
 
     cfg = tiny_config(out, parallel={"timeout": 3}, train={"max_steps": 12, "global_batch_size": 4})
-    trainer = DiTTrainer(cfg, dataset=SlowLatents(0.05))
+    trainer = DiTTrainer(cfg, dataset=Latents(0.05))
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
@@ -300,6 +287,6 @@ def test_a_stopped_or_dead_rank_ends_the_run_within_the_timeout_in_one_line(tmp_
         verify_checkpoint(path)  # every file as its manifest says
     cfg = tiny_config(tmp_path / "load", parallel={"timeout": timeout},
                       train={"max_steps": 400, "global_batch_size": 4, "seed": 1})
-    trainer = DiTTrainer(cfg, dataset=SlowLatents(0.0))
+    trainer = DiTTrainer(cfg, dataset=Latents(0.0))
     trainer.load_checkpoint(newest)
     assert trainer.step == step_of(newest)

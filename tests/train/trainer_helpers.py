@@ -12,6 +12,11 @@ def tiny_config(out, **sections):
         "checkpoint": {"save_steps": 1000},
         "logging": {"log_steps": 1, "progress": False, "tensorboard": False},
     }
+    return with_sections(cfg, sections)
+
+
+def with_sections(cfg: dict, sections: dict) -> dict:
+    """`cfg` with each section's keys updated from `sections` (a non-dict value replaces the entry)."""
     for section, values in sections.items():
         if isinstance(values, dict):
             cfg.setdefault(section, {}).update(values)
