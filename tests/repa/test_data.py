@@ -61,6 +61,23 @@ def test_kept_images_are_the_encoded_crops_flipped_with_their_latents(folder, tm
         assert torch.equal(item["x"], ds.__getitems__([i])[0]["x"])
 
 
+def test_a_changed_kept_image_is_caught_by_verify_and_before_a_step(folder, tmp_path, capsys):
+    images, vae, _ = folder
+    out = _extract(images, vae, tmp_path / "shards", "--keep-images")
+    entry = json.loads((out / "manifest.json").read_text())["shards"][0]
+    kept = out / f"{entry['name']}.images.npy"
+    assert entry["images_bytes"] == kept.stat().st_size and len(entry["images_sha256"]) == 64
+    data = bytearray(kept.read_bytes())
+    data[-1] ^= 0xFF  # same size, so only the checksum can tell
+    kept.write_bytes(bytes(data))
+    assert main(["data", "verify", str(out)]) == 1
+    said = capsys.readouterr()
+    assert kept.name in said.out + said.err and "does not match the sha256" in said.err
+    with pytest.raises(DataError, match="does not match the sha256") as err:
+        LatentShards(out)
+    assert kept.name in str(err.value) and "\n" not in str(err.value)
+
+
 def test_repa_trains_on_kept_images_and_refuses_shards_without_them(folder, tmp_path):
     images, vae, plain = folder
     out = _extract(images, vae, tmp_path / "shards", "--keep-images")

@@ -16,6 +16,7 @@ import os
 from typing import Dict, Optional
 
 from dit_trainer.data.atomic import atomic_json
+from dit_trainer.data.shard_images import SUFFIX as IMAGES_SUFFIX
 from dit_trainer.errors import DataError
 
 STAMPS = "verified.json"
@@ -57,15 +58,22 @@ def _mismatch(path: str, what: str, remedy: str) -> DataError:
     return DataError(f"{path} {what}: it was changed or damaged after it was written; {remedy}")
 
 
+def _files(entry) -> list:
+    """(file name, bytes, sha256) of each file of a manifest shard entry that records checksums: the
+    latents, and the images kept beside them (`dit extract --keep-images`)."""
+    name = entry["name"]
+    files = [(f"{name}.npy", entry.get("bytes"), entry.get("sha256")),
+             (name + IMAGES_SUFFIX, entry.get("images_bytes"), entry.get("images_sha256"))]
+    # A file without either was written before shards had checksums (or without images).
+    return [f for f in files if f[1] is not None or f[2] is not None]
+
+
 def verify_shard_files(root: str, shards, remedy: str, full: bool = False) -> None:
-    """Check each shard `.npy` of manifest `shards` that records `bytes`/`sha256`: size always, content
-    when its stat is not one already verified (every file with `full`). DataError names the first bad file."""
+    """Check each file of manifest `shards` that records `bytes`/`sha256` (a shard's latents and kept
+    images): size always, content when its stat is not one already verified (every file with `full`).
+    DataError names the first bad file."""
     stamps, changed, hashed = _stamps(root), False, 0
-    for entry in shards:
-        want_size, want_sha = entry.get("bytes"), entry.get("sha256")
-        if want_size is None and want_sha is None:
-            continue  # written before shards had checksums
-        name = f"{entry['name']}.npy"
+    for name, want_size, want_sha in (f for entry in shards for f in _files(entry)):
         path = os.path.join(root, name)
         try:
             st = os.stat(path)
@@ -88,11 +96,11 @@ def verify_shard_files(root: str, shards, remedy: str, full: bool = False) -> No
 def stamp_written(root: str, shards) -> None:
     """Record the shards just written (their checksums taken while writing) as verified."""
     stamps = _stamps(root)
-    for entry in shards:
-        if entry.get("sha256") is not None:
-            path = os.path.join(root, f"{entry['name']}.npy")
+    for name, _, sha in (f for entry in shards for f in _files(entry)):
+        if sha is not None:
+            path = os.path.join(root, name)
             try:
-                _known[path] = stamps[f"{entry['name']}.npy"] = stat_key(os.stat(path))
+                _known[path] = stamps[name] = stat_key(os.stat(path))
             except OSError:
                 continue
     _save_stamps(root, stamps)

@@ -37,7 +37,7 @@ class ImageSidecar:
             return {}
         sums = atomic_npy(os.path.join(self.root, self.name + SUFFIX), self.data[:self.count])
         self.data = None
-        return {"images_sha256": sums["sha256"]}
+        return {"images_bytes": sums["bytes"], "images_sha256": sums["sha256"]}
 
 
 def open_images(root: str, name: str, count: int, shape) -> np.ndarray:

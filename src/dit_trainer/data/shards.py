@@ -107,7 +107,7 @@ class ShardWriter:
 
 def manifest_entry(marker: Dict) -> Dict:
     """A shard's entry in the manifest: name, count and the checksums its marker recorded."""
-    return {k: marker[k] for k in ("name", "count", "bytes", "sha256", "labels_sha256") if k in marker}
+    return {k: marker[k] for k in ("name", "count", "bytes", "sha256", "labels_sha256", "images_bytes", "images_sha256") if k in marker}
 
 
 def write_manifest(root: str, **fields) -> Dict:
