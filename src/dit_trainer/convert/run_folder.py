@@ -15,6 +15,7 @@ from dit_trainer.convert.model_bundle import Bundle
 from dit_trainer.convert.model_config import CONVENTION_KEYS, RELEASE_CONVENTION, check_fits
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.fs import check_regular
+from dit_trainer.vae.geometry import SD_FACTOR, downsampling
 from dit_trainer.config.model_file import is_model_file, load_model_file
 
 
@@ -134,11 +135,7 @@ def write(bundle: Bundle, out, final=None) -> Path:
 def _downsampling(vae_dir: Path) -> int:
     """Pixels per latent side of a copied VAE folder's config (8, the SD VAEs', for a Hub id)."""
     file = vae_dir / "config.json"
-    if not file.is_file():
-        return 8
-    config = json.loads(file.read_text())
-    blocks = config.get("encoder_block_out_channels") or config.get("block_out_channels") or [0] * 4
-    return 2 ** (len(blocks) - 1)
+    return (downsampling(json.loads(file.read_text())) if file.is_file() else None) or SD_FACTOR
 
 
 def _copy_vae(vae, dest: Path) -> str:

@@ -7,8 +7,7 @@ import os
 from typing import Optional, Tuple
 
 from dit_trainer.errors import ConfigError
-
-SD_FACTOR = 8  # pixels per latent side of the SD VAEs (and a Hub id whose config is not read)
+from dit_trainer.vae.geometry import SD_FACTOR, downsampling
 
 
 def _vae_geometry(vae) -> Optional[Tuple[int, int]]:
@@ -21,9 +20,9 @@ def _vae_geometry(vae) -> Optional[Tuple[int, int]]:
             try:
                 with open(file, encoding="utf-8") as f:
                     config = json.load(f)
-                blocks = config.get("encoder_block_out_channels") or config["block_out_channels"]
-                return int(config.get("latent_channels", 4)), 2 ** (len(blocks) - 1)
-            except (OSError, ValueError, KeyError, TypeError):
+                factor = downsampling(config)
+                return None if factor is None else (int(config.get("latent_channels", 4)), factor)
+            except (OSError, ValueError, TypeError):
                 return None
     return None
 

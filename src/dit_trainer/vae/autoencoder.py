@@ -18,6 +18,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from dit_trainer.errors import DataError, one_line
+from dit_trainer.vae import geometry
 
 # Seconds the one reachability check of the Hub may take before an uncached id is reported as unavailable.
 HUB_PROBE_TIMEOUT_S = 5
@@ -192,13 +193,12 @@ def _channels(value, z):
 
 def has_posterior(vae) -> bool:
     """Whether the VAE's encoder gives a distribution (KL) rather than one latent (DC)."""
-    return "encoder_block_out_channels" not in vae.config
+    return geometry.has_posterior(vae.config)
 
 
 def downsampling(vae) -> int:
     """Pixels per latent side: 2^(levels - 1) of the encoder's blocks (8 for the SD VAEs, 32 for DC-AE f32)."""
-    blocks = vae.config.block_out_channels if has_posterior(vae) else vae.config.encoder_block_out_channels
-    return 2 ** (len(blocks) - 1)
+    return geometry.downsampling(vae.config)
 
 
 def latent_shape(vae, image_size: int) -> Tuple[int, int, int]:

@@ -27,8 +27,9 @@ NORMS = ("auto", "channel", "scale")
 def auto_norm(vae) -> str:
     """What `dit extract` records for a VAE: 'scale' for the 4-channel AutoencoderKLs (SD, SDXL) whose
     scaling_factor makes unit variance, 'channel' for every other autoencoder."""
-    kl = "encoder_block_out_channels" not in vae.config
-    return "scale" if kl and int(vae.config.latent_channels) == 4 else "channel"
+    from dit_trainer.vae.geometry import has_posterior
+
+    return "scale" if has_posterior(vae.config) and int(vae.config.latent_channels) == 4 else "channel"
 
 
 def channel_sums(rows: np.ndarray) -> Dict:
