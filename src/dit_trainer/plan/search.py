@@ -94,7 +94,7 @@ def model_costs(cfg):
     if spec.costs_fn is None:
         raise ConfigError(f"model {spec.name} has no cost model (ModelSpec.costs_fn); set parallel.layout manual")
     costs = spec.costs_fn(cfg)
-    if getattr(getattr(cfg, "repa", None), "enabled", False):
+    if cfg.repa.enabled:
         from dit_trainer.repa.costs import with_alignment
 
         costs = with_alignment(costs, cfg)
@@ -113,7 +113,7 @@ def plan_layouts(request: Request) -> list:
     plans = []
     for layout in candidate_layouts(request.gpus, request.gpus_per_node, costs.depth, batch, costs.tp_divides,
                                     ac_choices=ac, compile_choices=compiled):
-        if layout.pp > 1 and (cfg.train.routing_keep < 1 or getattr(getattr(cfg, "repa", None), "enabled", False)):
+        if layout.pp > 1 and (cfg.train.routing_keep < 1 or cfg.repa.enabled):
             continue  # token routing (train/preflight.py) and REPA (repa/config.py) do not run pipelined
         if layout.compile and "train.activation_memory_budget" in request.pinned and layout.budget != 1.0:
             layout = Layout(**{**layout.__dict__, "budget": cfg.train.activation_memory_budget})
