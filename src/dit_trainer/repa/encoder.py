@@ -25,8 +25,8 @@ class AlignmentTargets:
 
     def __init__(self, r, grid: int, device, amp_dtype=None):
         self.size = encoder_size(r, grid)
-        encoder = _build(r, None if r.encoder_weights == RANDOM else r.encoder_weights)
-        self.encoder = encoder.requires_grad_(False).eval().to(device)
+        # build_encoder's encoders are frozen and stay in eval mode whatever train() a caller makes.
+        self.encoder = _build(r, None if r.encoder_weights == RANDOM else r.encoder_weights).to(device)
         self.device, self.amp_dtype = torch.device(device), amp_dtype
         self.tokens = grid * grid
 
@@ -35,7 +35,6 @@ class AlignmentTargets:
         """float32 (B, N, D) patch tokens of `images` (B, C, H, W) in [0, 1]; one channel is repeated to three."""
         if images.shape[1] == 1:
             images = images.expand(-1, 3, -1, -1)
-        self.encoder.eval()
         images = images.to(self.device, dtype=torch.float32)
         if self.amp_dtype is not None:
             with torch.autocast(self.device.type, dtype=self.amp_dtype):
