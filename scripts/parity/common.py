@@ -75,6 +75,12 @@ class Table:
         """The rows that do not pass."""
         return [r for r in self.rows if not r[4]]
 
+    def report(self, seconds: float) -> int:
+        """Print the table and how many rows pass in `seconds`; returns the exit status (1 when any fails)."""
+        print(self.render())
+        print(f"{len(self.rows) - len(self.failed)}/{len(self.rows)} rows pass in {seconds:.1f} s")
+        return 1 if self.failed else 0
+
     def render(self) -> str:
         """The rows as a markdown table."""
         gw = max(5, *(len(g) for g in self.bounds))

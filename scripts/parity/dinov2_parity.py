@@ -146,10 +146,7 @@ def main(argv=None):
             compare(table, ours, ref, tag, sizes, 100 + seed)
             if not overrides and "vits" in name:
                 compare(table, ours, ref, tag, [(224, 224)], 200 + seed, autocast=True)
-    print(table.render())
-    failed = table.failed
-    print(f"{len(table.rows) - len(failed)}/{len(table.rows)} rows pass in {time.time() - start:.1f} s")
-    return 1 if failed else 0
+    return table.report(time.time() - start)
 
 
 if __name__ == "__main__":

@@ -137,10 +137,7 @@ def main(argv=None):
     check_models(table, ref_models)
     check_losses(table, ref_transport)
     check_samplers(table, ref_models, ref_transport)
-    print(table.render())
-    failed = table.failed
-    print(f"{len(table.rows) - len(failed)}/{len(table.rows)} rows pass in {time.time() - start:.1f} s")
-    return 1 if failed else 0
+    return table.report(time.time() - start)
 
 
 if __name__ == "__main__":
