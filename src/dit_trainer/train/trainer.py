@@ -221,7 +221,7 @@ class DiTTrainer:
         loss = self.queue_step(batch)
         self.update.read_pending()
         out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
-        out.update(self.objective.read_alignment(self.dims, out["loss"]) if self.alignment is not None else {})
+        out.update(self.objective.read_alignment(self.dims) if self.alignment is not None else {})
         if self.skipped_steps > skipped:
             out.update(loss=float("nan"), skipped=True)
         elif self.update.last_grad_norm() is not None:
@@ -341,7 +341,7 @@ class DiTTrainer:
                 last = metrics_line(self.update.read_losses(), self.lr_scheduler.get_last_lr()[0],
                                     self.step - step0, time.perf_counter() - t0, cfg.train.global_batch_size,
                                     self.device, self.skipped_steps, mfu)
-                last.update(self.objective.read_alignment(self.dims, last["loss"]) if self.alignment is not None else {})
+                last.update(self.objective.read_alignment(self.dims) if self.alignment is not None else {})
                 logger.log(self.step, last)
                 if main:
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
