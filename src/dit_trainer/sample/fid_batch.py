@@ -272,7 +272,7 @@ def write_fid_batch(job: FidBatchSettings, reader, run, compiled=False, ranks=ON
 def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
     """Sample and save this rank's chunks that are not on disk yet."""
     import torch
-    from tqdm.auto import tqdm
+    from dit_trainer.progress import progress_bar
 
     from dit_trainer.sample.decode import to_images
     from dit_trainer.sample.images import adm_images
@@ -285,7 +285,7 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if settings["dtype"] == "bf16"
            else torch.autocast(device.type, enabled=False))
     desc = "sample" if ranks.world == 1 else f"sample rank {ranks.rank}"
-    bar = tqdm(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
+    bar = progress_bar(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
     done, t0 = 0, time.perf_counter()
     for c in bar:
         y = labels[c * job.batch_size:(c + 1) * job.batch_size]

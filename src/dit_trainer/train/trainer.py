@@ -298,6 +298,7 @@ class DiTTrainer:
     def _train(self, max_steps_name: str) -> dict:
         from tqdm.auto import tqdm
 
+        from dit_trainer.progress import progress_bar
         from dit_trainer.train.metrics import MetricsLogger, console_line, metrics_line
         from dit_trainer.train.mfu import mfu_meter
 
@@ -326,8 +327,8 @@ class DiTTrainer:
                 logger.note(self.step, record)
         mfu = mfu_meter(self)
         fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
-                   desc="train", dynamic_ncols=True)
+        bar = progress_bar(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
+                           desc="train", dynamic_ncols=True, logged=True)
         last = {}
         t0, step0 = time.perf_counter(), self.step
         if self.device.type == "cuda":
