@@ -63,6 +63,11 @@ class DataConfig:
     latent_mean: Optional[list] = None  # per-channel mean of the stored latents (dit extract records it in manifest.json and the run's config.yaml keeps it); set by hand only for latents extract did not measure
     latent_std: Optional[list] = None  # per-channel std of the stored latents, each > 0; set with latent_mean
     allow_changed: bool = False  # resume although the image folder changed since the checkpoint (a warning instead of a refusal; the resume is then not exact)
+    text_encoder: Optional[str] = None  # text-to-image: the frozen text encoder (a transformers folder or hub id: T5, CLIP with projection, Gemma 2) whose outputs condition the model; None: class labels. Shards record theirs
+    text_max_length: int = 0  # tokens per caption (longer ones are truncated, with a count in the log); 0: the model family's default (PixArt-alpha 120, PixArt-Sigma 300)
+    text_dtype: str = "auto"  # auto | fp32 | bf16: the text encoder's compute dtype; auto: bf16 on a GPU, fp32 on a CPU
+    caption_dropout_prob: float = 0.1  # share of captions replaced by the encoding of "" during training (diffusers' convention), for classifier-free guidance; in [0, 1)
+    empty_captions: str = "error"  # error | drop: an image whose caption is missing or empty stops with a one-line error naming it, or is left out (counted in the log)
 
 
 @dataclass
