@@ -93,3 +93,48 @@ def save_tiny_gemma2(folder, seed: int = 0, hidden: int = 32) -> str:
         Gemma2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+def write_captioned_folder(root, count: int = 6, seed: int = 0, nested: bool = False) -> list:
+    """`count` random RGB images of varied sizes, each with NAME.txt beside it; returns (key, png bytes,
+    caption) per image, sorted by key (as every layout lists them)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    items = []
+    for i in range(count):
+        key = f"{i // 3:03d}/{i:04d}" if nested else f"{i:04d}"
+        arr = rng.integers(0, 256, (18 + 3 * i, 22 + i, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, format="PNG")
+        caption = " ".join(WORDS[(k * i + k - 1) % len(WORDS)] for k in (1, 3, 5))  # distinct, in CLIP's tiny vocab
+        path = os.path.join(str(root), *key.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".png", "wb") as f:
+            f.write(buf.getvalue())
+        with open(path + ".txt", "w", encoding="utf-8") as f:
+            f.write(caption + "\n")
+        items.append((key, buf.getvalue(), caption))
+    return items
+
+
+def tar_bytes(members) -> bytes:
+    """An uncompressed tar of (name, bytes) members, in order; `name` may be anything (hostile tests)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def webdataset_members(items) -> list:
+    """The (name, bytes) members of a webdataset shard of (key, png bytes, caption) items."""
+    return [m for key, png, caption in items for m in ((f"{key}.png", png), (f"{key}.txt", caption.encode()))]
