@@ -83,11 +83,12 @@ def test_captioned_folder_fills_the_config_from_its_encoder(assets, tmp_path):
     from dit_trainer.config import build_config
     from dit_trainer.data.loader import DataShapes
 
-    source = {"data": {"path": assets["images"], "text_encoder": assets["t5"], "vae": assets["vae"],
+    source = {"data": {"path": assets["images"], "text_encoder": os.path.relpath(assets["t5"]), "vae": assets["vae"],
                        "image_size": SIZE, "cache_dir": str(tmp_path / "cache"), "num_workers": 0},
               "train": {"device": "cpu"}}
     shapes = DataShapes()
     cfg = build_config(source, shapes=shapes)
     assert cfg.data.text_max_length == 120 and (cfg.model.in_channels, cfg.model.input_size) == (4, 8)
+    assert shapes.dataset.text_encoder == assets["t5"]  # its folder, absolute, for sampling and export
     assert shapes.dataset.text_hidden_size == 32 and shapes.dataset.num_classes is None
     assert np.array_equal(shapes.dataset.labels, np.zeros(10, dtype=np.int64))

@@ -89,6 +89,13 @@ def test_a_shard_sample_without_caption_names_its_key(tmp_path):
     assert list_captioned(tmp_path / "s.tar", empty="drop").keys == ["0000"]
 
 
+def test_two_images_of_one_name_are_refused(tmp_path):
+    items = write_captioned_folder(tmp_path, count=2)
+    (tmp_path / "0001.jpg").write_bytes(items[0][1])
+    with pytest.raises(DataError, match="are both image 0001"):
+        list_captioned(tmp_path)
+
+
 def test_what_is_no_captioned_source(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         list_captioned(tmp_path / "missing")

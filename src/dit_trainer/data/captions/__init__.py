@@ -88,8 +88,12 @@ def list_captioned(path, empty: str = "error") -> Captioned:
         raise DataError(f"{path} does not exist; pass a folder of captioned images, a manifest or .tar shards")
     layout = layout_of(path)
     rows = {"manifest": manifest_rows, "webdataset": tar_rows, "folder": folder_rows}[layout](path)
-    out = Captioned(path)
+    out, seen = Captioned(path), {}
     for key, ref, caption, where, stamp in rows:
+        if key in seen:  # a.jpg beside a.png: one caption file for two images
+            raise DataError(f"{ref_name(ref)} and {seen[key]} are both image {key} (one name, two extensions); "
+                            "rename one, with its caption")
+        seen[key] = ref_name(ref)
         if not caption:
             if empty == "error":
                 raise DataError(f"{where}: the caption of {key} is missing or empty; write one, or set "

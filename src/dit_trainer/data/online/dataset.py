@@ -48,12 +48,13 @@ class ImageFolderLatents(Dataset):
         self._generator = None
         # REPA (`return_images`): every item also carries its crop, re-read from the folder.
         self.stored_images, self.return_images = True, False
-        self.text = self.text_encoder = None  # captioned images: see `attach_text`
+        self.text = self.text_model = None  # captioned images: see `attach_text`
 
     def attach_text(self, encoder, captions: List[str], text: Dict) -> None:
         """Captioned images: each item's caption is encoded by `encoder` (on the CPU until the trainer's
         encoder takes it) beside its latents, stored as the manifest `text` record says (`shard_text`)."""
-        self.text, self.text_encoder, self.captions = text, encoder, list(captions)
+        self.text, self.text_model, self.captions = text, encoder, list(captions)
+        self.text_encoder = text["encoder"]  # its name, as TextShards give it
         self.num_classes = self.class_names = None  # the caption is the condition
         self.text_max_length, self.text_hidden_size = text["max_length"], text["hidden_size"]
         self.text_pooled_size = text["pooled_size"]
@@ -72,7 +73,7 @@ class ImageFolderLatents(Dataset):
     def __getstate__(self):
         # Workers need neither the VAE, the text encoder nor the parent's mmaps.
         state = dict(self.__dict__)
-        state["vae"], state["text_encoder"], state["_opened"], state["_generator"] = None, None, {}, None
+        state["vae"], state["text_model"], state["_opened"], state["_generator"] = None, None, {}, None
         return state
 
     def __len__(self) -> int:

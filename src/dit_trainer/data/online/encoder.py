@@ -99,10 +99,10 @@ class CacheEncoder:
 
         ds = self.dataset
         if self.text_model is None:
-            if ds.text_encoder is None:
+            if ds.text_model is None:
                 raise DataError(f"the latent cache {ds.root} needs its text encoder {ds.text['encoder']} to encode; "
                                 "it was not loaded")
-            self.text_model = ds.text_encoder.to(self.device)
+            self.text_model = ds.text_model.to(self.device)
         with _NoTF32():
             rows = encode_text_rows(self.text_model, [ds.captions[i] for i in index.tolist()])
         return to_storage(rows, ds.text, ds.where_of(int(index[0])))
@@ -205,7 +205,7 @@ class CacheEncoder:
             seconds = time.perf_counter() - (self.started or time.perf_counter())
             print(f"latent cache {root} is complete: {len(ds)} images; later epochs and runs read it "
                   f"(this rank encoded {self.encoded} in {seconds:.0f} s)", file=sys.stderr)
-        self.vae = ds.vae = self.text_model = ds.text_encoder = None  # their memory goes back to the model
+        self.vae = ds.vae = self.text_model = ds.text_model = None  # their memory goes back to the model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         shards = open_shards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
