@@ -97,6 +97,20 @@ def test_cached_embeddings_are_the_encoders_outputs_bit_for_bit(assets):
     assert torch.allclose(stored["text_embeds"], plain["text_embeds"], atol=1e-5)
 
 
+def test_a_webdataset_shard_at_an_fsspec_url_extracts_to_the_same_files(assets, tmp_path):
+    import fsspec
+
+    from tests.text_helpers import tar_bytes
+
+    folder = assets["root"] / "images"
+    members = [(n, (folder / n).read_bytes()) for n in sorted(os.listdir(folder))]
+    fsspec.filesystem("memory").pipe("/extract_text/00000.tar", tar_bytes(members))
+    run_extract("memory://extract_text/00000.tar", assets["vae"], out=tmp_path, text_encoder=assets["clip"], **SETTINGS)
+    assert _files(tmp_path) == _files(assets["reference"]) and verify(tmp_path) == []
+    skipped = "memory://extract_text/00000.tar:0003.png"
+    assert (tmp_path / "skipped.txt").read_text() == f"{skipped}\tUnidentifiedImageError: cannot identify image file {skipped!r}\n"
+
+
 def test_resume_after_interrupt_gives_the_same_files(assets, tmp_path, monkeypatch):
     real_close = sh.ShardWriter.close
     closed = []

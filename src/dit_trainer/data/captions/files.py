@@ -5,7 +5,7 @@ for `images.ImageFiles(refs, size, load=read_image)`."""
 import io
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from dit_trainer.data.captions.sources import is_url, url_fs
 from dit_trainer.data.captions.webdataset import read_member
@@ -21,7 +21,11 @@ def read_image(ref, image_size: int) -> np.ndarray:
         raw = fs.cat_file(inner)
     else:
         raw = read_member(ref)
-    with Image.open(io.BytesIO(raw)) as image:
+    try:
+        image = Image.open(io.BytesIO(raw))
+    except UnidentifiedImageError:  # named by its reference, not by the in-memory buffer PIL saw
+        raise UnidentifiedImageError(f"cannot identify image file {ref_name(ref)!r}") from None
+    with image:
         return center_crop_arr(to_rgb(image), image_size)
 
 
