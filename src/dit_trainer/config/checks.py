@@ -132,6 +132,20 @@ def check_guidance(section, prefix: str) -> None:
     section.guidance_interval = None if interval is None else list(interval)
 
 
+def check_guides(cfg) -> None:
+    """The guide specs parse (`config.guide_spec`), and the checkpoint eval.guide names is one the run keeps: a
+    step past train.max_steps is refused; one it would not keep joins checkpoint.keep_steps, with a note."""
+    import sys
+
+    from dit_trainer.config.guide_spec import keep_eval_guide, parse_guide
+
+    if cfg.sample.guide is not None:
+        parse_guide(cfg.sample.guide, "sample.guide")
+    note = keep_eval_guide(cfg)
+    if note:
+        print(note, file=sys.stderr)
+
+
 def check_values(cfg) -> None:
     """Raise a one-line ConfigError for the first value outside what its key allows."""
     for key, ok, allowed in _RANGES:
@@ -166,6 +180,7 @@ def check_values(cfg) -> None:
     check_latent_stats(cfg.data)
     check_guidance(cfg.sample, "sample")
     check_guidance(cfg.eval, "eval")
+    check_guides(cfg)
     s = cfg.sample
     if s.ema_std is not None and not 0 < s.ema_std < PHEMA_MAX_STD:
         raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a post-hoc EMA width sigma_rel in "
