@@ -2,6 +2,7 @@
 defaults; the autoguidance guide named by a step of the run or a path, refused in one line when it
 does not fit; the guide and guidance recorded with an FID batch."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -184,3 +185,46 @@ def test_a_recommended_ema_width_must_be_one_a_post_hoc_ema_can_have():
     for bad in (0.0, 0.3, float("nan")):
         with pytest.raises(ConfigError, match=r"^sample.ema_std is .*; it must be a post-hoc EMA width sigma_rel in"):
             _cfg({"ema_std": bad})
+
+
+def _fake_run(root, length, every):
+    """A run folder of `length` steps by name only: its final checkpoint and a snapshot every `every` steps and at
+    the end (locating reads names; nothing is loaded)."""
+    from dit_trainer.checkpoint.reader import CheckpointReader
+
+    (root / "checkpoints" / f"step-{length:08d}").mkdir(parents=True)
+    (root / "phema").mkdir()
+    for step in sorted({*range(every, length + 1, every), length}):
+        (root / "phema" / f"snapshot-{step:08d}.safetensors").touch()
+    return CheckpointReader(folder=root / "checkpoints" / f"step-{length:08d}")
+
+
+@pytest.mark.parametrize("length, every, guide_step", [(1200, 200, 600), (300, 200, 200), (20, 3, 9)])
+def test_a_guide_named_by_its_share_of_the_run_fits_runs_of_any_length(tmp_path, length, every, guide_step):
+    from dit_trainer.sample.run_settings import locate
+    from dit_trainer.sample.settings import SampleSettings
+
+    reader = _fake_run(tmp_path, length, every)
+    run = tmp_path.resolve()
+    settings = SampleSettings(str(tmp_path), ema_std=0.05, guide="phema/std0.100@50%", guide_origin="sample.guide",
+                              guide_scale=2.0)
+    found = locate(settings, reader)
+    guide = run / "phema" / f"std0.100-step{guide_step:08d}"
+    assert found.main == run / "phema" / f"std0.050-step{length:08d}" and found.guide == guide
+    # Neither is there yet: both are rebuilt from the run's snapshots, each at its own step.
+    assert found.rebuild == ((run, 0.05, length), (run, 0.1, guide_step))
+    checkpoint_guide = dataclasses.replace(settings, guide="50%")
+    with pytest.raises(Exception, match=f"step-{length // 2:08d} does not exist; keep the guide's step"):
+        locate(checkpoint_guide, reader)
+    (tmp_path / "checkpoints" / f"step-{length // 2:08d}").mkdir()
+    assert locate(checkpoint_guide, reader).guide == run / "checkpoints" / f"step-{length // 2:08d}"
+
+
+def test_a_post_hoc_ema_with_no_snapshot_to_rebuild_it_from_says_so(tmp_path):
+    from dit_trainer.sample.run_settings import locate
+    from dit_trainer.sample.settings import SampleSettings
+
+    reader = _fake_run(tmp_path, 10, 4)  # snapshots at 4, 8, 10
+    with pytest.raises(Exception, match=r"^--guide \S+/phema/std0.100-step00000006: .* holds no post-hoc EMA "
+                                        r"snapshot of step 6 to rebuild it from"):
+        locate(SampleSettings("x", guide=str(tmp_path / "phema" / "std0.100-step00000006"), guide_scale=2.0), reader)

@@ -265,3 +265,10 @@ def test_steps_with_an_adaptive_ode_method_is_noted(capsys):
                           (SampleSettings("x"), "ode"), (SampleSettings("x", steps=10), "sde")):
         note_adaptive_steps(args, sampler, cfg)
         assert capsys.readouterr().err == ""
+
+
+def test_a_guide_weight_without_a_guide_is_refused_not_ignored(digits_ckpt, tmp_path, capsys):
+    assert sample_cli(digits_ckpt[0], "--class-labels", "1", "--guide-scale", "3", "--out", str(tmp_path / "g.png")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dit sample: error: --guide-scale 3 needs a guide") and "\n" not in err
+    assert not (tmp_path / "g.png").exists()
