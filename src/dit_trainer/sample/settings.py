@@ -67,9 +67,6 @@ class SampleSettings:
 
 
 _FIELDS = {f.name for f in dataclasses.fields(SampleSettings)}
-# Settings a run's `sample:` section may recommend (SampleConfig's keys), flag name by key for messages.
-_FLAG = {"cfg_scale": "--cfg-scale", "guide": "--guide", "guide_scale": "--guide-scale",
-         "guidance_interval": "--guidance-interval", "ema_std": "--ema-std", "sampler": "--sampler", "steps": "--steps"}
 
 
 def given_of(args) -> dict:
@@ -117,10 +114,12 @@ def resolve(given: dict, recommended=None, release_cfg_scale: float = 1.5) -> Sa
     values = {k: v for k, v in given.items() if k in _FIELDS and v is not None}
     ema_none = isinstance(values.get("ema_std"), str) and values["ema_std"].strip().lower() == "none"
     origin = values.get("guide_origin", "--guide")
-    for key in _FLAG:
-        if key in values or (key == "ema_std" and ema_none) or recommended is None:
+    # Every key of the run's `sample:` section (SampleConfig) recommends the setting of the same name.
+    recommends = [f.name for f in dataclasses.fields(recommended)] if recommended is not None else []
+    for key in recommends:
+        if key in values or (key == "ema_std" and ema_none):
             continue
-        if getattr(recommended, key, None) is not None:
+        if getattr(recommended, key) is not None:
             values[key] = getattr(recommended, key)
             if key == "guide":
                 origin = "sample.guide"
