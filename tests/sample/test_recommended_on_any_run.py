@@ -71,3 +71,24 @@ def test_a_rebuilt_folder_is_kept_until_its_snapshots_change(sampled, tmp_path, 
     os.utime(snapshot, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     code, err = _sample(run, tmp_path / "third.npz", capsys)
     assert code == 0 and err.count("rebuilt the post-hoc EMA") == 1 and "std0.050-step00000005" in err
+
+
+@pytest.mark.distributed
+def test_under_torchrun_rank_0_rebuilds_while_the_other_waits(sampled, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"  # the run as trained: snapshots only, nothing rebuilt yet
+    shutil.copytree(sampled[0], run, ignore=shutil.ignore_patterns("std*"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dit_trainer",
+           "sample-ddp", "--ckpt", str(run), "--npz", str(tmp_path / "two.npz"), "--num-samples", "4", "--batch-size",
+           "2", "--device", "cpu", "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert proc.stderr.count("rebuilt the post-hoc EMA") == 2  # each folder once, by one rank
+    one_process = tmp_path / "one.npz"
+    assert main(["sample-ddp", "--ckpt", str(run), "--npz", str(one_process), "--num-samples", "4", "--batch-size",
+                 "2", "--device", "cpu", "--no-progress"]) == 0
+    with np.load(one_process) as one, np.load(tmp_path / "two.npz") as two:
+        assert np.array_equal(one["arr_0"], two["arr_0"])
