@@ -7,6 +7,7 @@ what is allowed. The model family's own options are checked by the family (see m
 
 import math
 
+from dit_trainer.config.guide_spec import PHEMA_MAX_STD, keep_eval_guide, parse_guide
 from dit_trainer.errors import ConfigError
 from dit_trainer.repa.config import check_repa
 
@@ -137,8 +138,6 @@ def check_guides(cfg) -> None:
     step past train.max_steps is refused; one it would not keep joins checkpoint.keep_steps, with a note."""
     import sys
 
-    from dit_trainer.config.guide_spec import keep_eval_guide, parse_guide
-
     if cfg.sample.guide is not None:
         parse_guide(cfg.sample.guide, "sample.guide")
     note = keep_eval_guide(cfg)
@@ -207,12 +206,6 @@ def check_latent_stats(data) -> None:
 
         check_stats(mean, std, len(mean) if isinstance(mean, (list, tuple)) else 0, "data", ConfigError)
         data.latent_mean, data.latent_std = [float(v) for v in mean], [float(v) for v in std]
-
-
-# The widest power-function EMA: exponent 0 (a mean over every step so far) has sigma_rel sqrt(1/12),
-# and the width falls as the exponent grows, so the cubic that gives the exponent of a width has a
-# positive root exactly for widths below this (phema/profile.py; tests hold the two equal).
-PHEMA_MAX_STD = math.sqrt(1.0 / 12.0)
 
 
 def check_phema_stds(cfg) -> None:

@@ -23,8 +23,10 @@ from dit_trainer.errors import ConfigError
 _STEP = re.compile(r"^\d+$")
 _SHARE = re.compile(r"^(\d+(?:\.\d+)?)%$")
 _PHEMA = re.compile(r"^phema/std([0-9.]+)@(\d+(?:\.\d+)?)%$")
-# The widest power-function EMA, sqrt(1/12) (phema/profile.py MAX_STD; config/checks.py holds the same).
-_MAX_STD = math.sqrt(1.0 / 12.0)
+# The widest power-function EMA: exponent 0 (a mean over every step so far) has sigma_rel sqrt(1/12),
+# and the width falls as the exponent grows, so the cubic that gives the exponent of a width has a
+# positive root exactly for widths below this (phema/profile.py; tests hold the two equal).
+PHEMA_MAX_STD = math.sqrt(1.0 / 12.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +60,9 @@ def parse_guide(text, key: str = "--guide") -> GuideSpec:
             std = float(found.group(1))
         except ValueError:
             std = math.nan
-        if not 0 < std < _MAX_STD:
+        if not 0 < std < PHEMA_MAX_STD:
             raise ConfigError(f"{key} {text}: std{found.group(1)} is no post-hoc EMA width; sigma_rel must be in "
-                              f"(0, {_MAX_STD:.4f}), e.g. phema/std0.100@50%")
+                              f"(0, {PHEMA_MAX_STD:.4f}), e.g. phema/std0.100@50%")
         return GuideSpec(text, share=_share(found.group(2), text, key), std=std)
     found = _SHARE.match(text)
     if found:
@@ -105,9 +107,9 @@ def eval_guide_step(cfg) -> Optional[int]:
 
 
 def keep_eval_guide(cfg) -> Optional[str]:
-    """Make the run keep the checkpoint `eval.guide` names (when eval.every measures): a step past train.max_steps is refused in one line; one
-    that rotation could remove (or that no save_steps reaches) joins checkpoint.keep_steps. Returns the note
-    to print when it was added, else None."""
+    """Make the run keep the checkpoint `eval.guide` names (when eval.every measures): a step past train.max_steps
+    is refused in one line; one that rotation could remove (or that no save_steps reaches) joins
+    checkpoint.keep_steps. Returns the note to print when it was added, else None."""
     step = eval_guide_step(cfg)
     if step is None or not cfg.eval.every:
         return None
