@@ -69,7 +69,6 @@ def _timeout(args):
 def _dist(timeout=None):
     """This process's `fid_batch.Ranks`: one process unless torchrun started several, whose group waits `timeout`
     (a timedelta) for a missing rank."""
-    import torch
     import torch.distributed as dist
 
     from dit_trainer.parallel.dims import choose_backend
