@@ -26,7 +26,7 @@ def _meta_state(model) -> dict:
     trained = [p for p in params if p.requires_grad]
     weights = sum(4 * p.numel() for p in params)
     return {"params": weights, "grads": sum(4 * p.numel() for p in trained),
-            "optimizer": sum(8 * p.numel() + 4 for p in trained), "ema": weights}
+            "optimizer": sum(8 * p.numel() + 4 for p in trained), "ema": weights, "phema": 0}
 
 
 # DiT's block options, each alone and all together (DiT-L: SwiGLU's truncated 2730-wide layer).
@@ -55,6 +55,21 @@ def test_state_bytes_equal_a_meta_device_count(name, options):
     with torch.device("meta"):
         model = spec.build_model_fn(cfg)
     assert state_bytes(spec.costs_fn(cfg), Layout()) == _meta_state(model)
+
+
+@pytest.mark.parametrize("name", ["DiT-S/2", "LargeDiT-600M/2"])
+def test_post_hoc_ema_profiles_are_counted_as_the_tracker_holds_them(name):
+    from dit_trainer.phema.tracker import PowerEMA
+
+    cfg = _model_config(name, {})
+    spec = get_spec(name)
+    with torch.device("meta"):
+        model = spec.build_model_fn(cfg)
+        tracker = PowerEMA(model, [0.05, 0.1, 0.15])
+    held = sum(t.numel() * t.element_size() for ema in tracker.profiles.values() for t in ema.shadow.values())
+    costs = spec.costs_fn(cfg)
+    assert state_bytes(costs, Layout(), profiles=3)["phema"] == held
+    assert state_bytes(costs, Layout(dp_shard=4), profiles=3)["phema"] == held / 4  # sharded like the EMA
 
 
 FLOPS_CASES = [(n, {}) for n in _unique_specs() if get_spec(n).flops_fn] + [("DiT-B/2", o) for o in BLOCK_OPTIONS]

@@ -121,7 +121,7 @@ class LoggingConfig:
     log_steps: int = 10  # log the loss every this many steps
     image_steps: int = 0  # draw a sample grid every this many steps; 0 disables
     tensorboard: bool = True  # also write TensorBoard events (scalars and sample grids)
-    progress: bool = True  # show a progress bar
+    progress: bool = True  # show a progress bar on a terminal (written to a file, the log lines alone: no bar)
     sample_steps: int = 50  # DDIM steps for the training-time grid
     sample_cfg_scale: float = 4.0  # guidance scale of the training-time grid, >= 1
     samples_per_class: int = 1  # grid samples per class

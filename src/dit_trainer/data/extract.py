@@ -19,7 +19,6 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from dit_trainer.data import checksums
 from dit_trainer.data import shards as sh
@@ -32,6 +31,7 @@ from dit_trainer.data.shard_images import ImageSidecar
 from dit_trainer.data.shard_text import NULL_FILE
 from dit_trainer.errors import DataError
 from dit_trainer.npy import open_memmap
+from dit_trainer.progress import progress_bar
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 
 # What a failed write raises: OSError, or a RuntimeError where a library words a full disk its own way.
@@ -232,8 +232,8 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
         num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
         persistent_workers=False, prefetch_factor=4 if workers > 0 else None,
     )
-    bar = tqdm(total=todo, unit="img", desc=f"extract rank {dist.rank}/{dist.world}" if dist.world > 1 else "extract",
-               disable=not progress or dist.rank != 0, mininterval=1.0, file=sys.stderr)
+    bar = progress_bar(total=todo, unit="img", desc=f"extract rank {dist.rank}/{dist.world}" if dist.world > 1 else "extract",
+                       disable=not progress or dist.rank != 0, mininterval=1.0, file=sys.stderr)
     num_flips = 2 if flips else 1
     entry = (num_flips, 2 if posterior == "mean_std" else 1, *shape)
     writer: Optional[sh.ShardWriter] = None

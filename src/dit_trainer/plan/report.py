@@ -38,7 +38,7 @@ def table(plans, top: int) -> str:
              "|--:|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
     for i, plan in enumerate(plans[:top], 1):
         lay, peak = plan.layout, plan.peak
-        state = (peak.params + peak.grads + peak.optimizer + peak.ema) / GIB
+        state = (peak.params + peak.grads + peak.optimizer + peak.ema + peak.phema) / GIB
         lines.append(f"| {i} | {lay.parallelism()} | {micro(lay)} | {lay.memory_policy()} | {peak.total / GIB:.2f} | "
                      f"{state:.2f} | {(peak.activations + peak.casts) / GIB:.2f} | {peak.comm / GIB:.2f} | "
                      f"{plan.time.total:.3f} | {plan.images_per_s:.1f} | {'yes' if plan.fits else 'no'} |")

@@ -249,7 +249,7 @@ def write_fid_batch(job: SampleSettings, reader, run, compiled=False, ranks=ONE_
 def _sample_chunks(job: SampleSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
     """Sample and save this rank's chunks that are not on disk yet."""
     import torch
-    from tqdm.auto import tqdm
+    from dit_trainer.progress import progress_bar
 
     from dit_trainer.sample.decode import to_images
     from dit_trainer.sample.images import adm_images
@@ -262,7 +262,7 @@ def _sample_chunks(job: SampleSettings, run, parts: Path, settings: dict, compil
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if settings["dtype"] == "bf16"
            else torch.autocast(device.type, enabled=False))
     desc = "sample" if ranks.world == 1 else f"sample rank {ranks.rank}"
-    bar = tqdm(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
+    bar = progress_bar(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
     done, t0 = 0, time.perf_counter()
     for c in bar:
         y = labels[c * job.batch_size:(c + 1) * job.batch_size]

@@ -221,7 +221,7 @@ class DiTTrainer:
         loss = self.queue_step(batch)
         self.update.read_pending()
         out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
-        out.update(self.objective.read_alignment(self.dims, out["loss"]) if self.alignment is not None else {})
+        out.update(self.objective.read_alignment(self.dims) if self.alignment is not None else {})
         if self.skipped_steps > skipped:
             out.update(loss=float("nan"), skipped=True)
         elif self.update.last_grad_norm() is not None:
@@ -298,6 +298,7 @@ class DiTTrainer:
     def _train(self, max_steps_name: str) -> dict:
         from tqdm.auto import tqdm
 
+        from dit_trainer.progress import progress_bar
         from dit_trainer.train.metrics import MetricsLogger, console_line, metrics_line
         from dit_trainer.train.mfu import mfu_meter
 
@@ -326,8 +327,8 @@ class DiTTrainer:
                 logger.note(self.step, record)
         mfu = mfu_meter(self)
         fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
-                   desc="train", dynamic_ncols=True)
+        bar = progress_bar(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
+                           desc="train", dynamic_ncols=True, logged=True)
         last = {}
         t0, step0 = time.perf_counter(), self.step
         if self.device.type == "cuda":
@@ -341,7 +342,7 @@ class DiTTrainer:
                 last = metrics_line(self.update.read_losses(), self.lr_scheduler.get_last_lr()[0],
                                     self.step - step0, time.perf_counter() - t0, cfg.train.global_batch_size,
                                     self.device, self.skipped_steps, mfu)
-                last.update(self.objective.read_alignment(self.dims, last["loss"]) if self.alignment is not None else {})
+                last.update(self.objective.read_alignment(self.dims) if self.alignment is not None else {})
                 logger.log(self.step, last)
                 if main:
                     bar.set_postfix(loss=f"{last['loss']:.4f}")

@@ -161,10 +161,10 @@ class CacheEncoder:
         self.dataset.set_epoch(epoch)
         missing = len(self.dataset) - self.dataset.where.covered
         if self.progress and self.rank == 0 and self.bar is None and missing:
-            from tqdm.auto import tqdm
+            from dit_trainer.progress import progress_bar
 
-            self.bar = tqdm(total=len(self.dataset), initial=self.dataset.where.covered, unit="img",
-                            desc="latent cache", position=1, leave=False, dynamic_ncols=True, file=sys.stderr)
+            self.bar = progress_bar(total=len(self.dataset), initial=self.dataset.where.covered, unit="img",
+                                    desc="latent cache", position=1, leave=False, dynamic_ncols=True, file=sys.stderr)
         self.started = self.started or time.perf_counter()
         return self.dataset, self.collate_fn, self
 
