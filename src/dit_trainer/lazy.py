@@ -21,3 +21,13 @@ def lazy_exports(package: str, table: dict, namespace: dict):
         return sorted(set(namespace) | set(table))
 
     return __getattr__, __dir__
+
+
+def resolve(target: str):
+    """The object a "module:attr" string names (attr may be dotted): how registries name their factories
+    without importing them until asked."""
+    module_name, attr = target.split(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -6,9 +6,8 @@ which reads `cfg.objective` ("diffusion" when absent). Implementations live in t
 module imports no torch and no objective package.
 """
 
-import importlib
-
 from dit_trainer.errors import ConfigError
+from dit_trainer.lazy import resolve
 
 
 class Objective:
@@ -94,14 +93,6 @@ def list_objectives() -> list:
     return list(_FACTORIES)
 
 
-def _resolve(target: str):
-    module_name, attr = target.split(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def build_objective(cfg):
     """The objective named by `cfg.objective` ("diffusion" when absent), built from `cfg`."""
     name = getattr(cfg, "objective", None) or "diffusion"
@@ -110,4 +101,4 @@ def build_objective(cfg):
                           "dit_trainer.config.build_config, or set `objective:` to one of " + ", ".join(_FACTORIES))
     if name not in _FACTORIES:
         raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
-    return _resolve(_FACTORIES[name])(cfg)
+    return resolve(_FACTORIES[name])(cfg)

@@ -109,13 +109,14 @@ class TanhGELU(nn.Module):
 
 
 class Mlp(nn.Module):
-    """Two-layer MLP with tanh-approximated GELU, as in DiT."""
+    """Two-layer MLP with tanh-approximated GELU, as in DiT (and PixArt's caption projection, whose
+    `out_features` differ from its input's)."""
 
-    def __init__(self, in_features, hidden_features):
+    def __init__(self, in_features, hidden_features, out_features=None):
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden_features)
         self.act = TanhGELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.fc2 = nn.Linear(hidden_features, out_features or in_features)
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -165,10 +166,14 @@ def _sincos_1d(embed_dim, pos):
     return np.concatenate([np.sin(out), np.cos(out)], axis=1)
 
 
-def get_2d_sincos_pos_embed(embed_dim, grid_size):
-    """Fixed 2-D sin-cos position embedding (grid_size**2, embed_dim), MAE's float64 recipe."""
+def get_2d_sincos_pos_embed(embed_dim, grid_size, interpolation_scale=1.0):
+    """Fixed 2-D sin-cos position embedding (grid_size**2, embed_dim), MAE's float64 recipe; positions
+    are arange(grid_size) / interpolation_scale (PixArt's scale for grids larger than it started on)."""
     grid_h = np.arange(grid_size, dtype=np.float32)
     grid_w = np.arange(grid_size, dtype=np.float32)
+    if interpolation_scale != 1:
+        grid_h = grid_h / np.float32(interpolation_scale)
+        grid_w = grid_w / np.float32(interpolation_scale)
     # meshgrid(w, h): the first half of the channels encodes the column, as in the release.
     grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape(2, 1, grid_size, grid_size)
     emb_h = _sincos_1d(embed_dim // 2, grid[0])

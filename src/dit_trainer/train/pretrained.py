@@ -113,6 +113,8 @@ def load_pretrained(model, spec, state_dict: dict, source, log: bool = True) -> 
     from dit_trainer.checkpoint import load_into
     from dit_trainer.repa.attach import fit_projector
 
+    if spec.adopt_weights_fn is not None:  # another family's weights of this shape (a PixArt from a DiT)
+        state_dict = spec.adopt_weights_fn(model, state_dict, source, log=log)
     state_dict = fit_projector(model, state_dict)
     key = spec.label_embedding
     want = model.state_dict().get(key)
