@@ -31,8 +31,9 @@ class TextCondition(Condition):
 
     name = "text"
 
-    def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model"):
+    def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None):
         super().__init__(dropout_prob)
+        self.width = width  # the token embeddings' width the model takes (model.caption_channels), if known
         self.keys = tuple(keys)
         self.caption_keys = tuple(k for k in self.keys if k in CAPTION_KEYS)
         if "text_embeds" not in self.caption_keys:
@@ -44,7 +45,7 @@ class TextCondition(Condition):
     def from_config(cls, cfg, model=None):
         """The keys `model.condition_keys` declares, captions dropped with `data.caption_dropout_prob`."""
         keys = getattr(model, "condition_keys", ("text_embeds", "text_mask"))
-        return cls(keys, cfg.data.caption_dropout_prob, cfg.model.name)
+        return cls(keys, cfg.data.caption_dropout_prob, cfg.model.name, getattr(model, "caption_channels", None))
 
     def check_config(self, cfg) -> None:
         # Grids and FID draw class rows today; prompt sampling is what text-conditioned ones need.
@@ -64,6 +65,10 @@ class TextCondition(Condition):
         if missing:
             raise DataError(f"{source} has no {', '.join(missing)}, which {self.model_name} takes; re-extract the "
                             "captions with the text encoder the model is trained on")
+        width = int(torch.as_tensor(null["text_embeds"]).shape[-1])
+        if self.width is not None and width != self.width:
+            raise DataError(f"{source} is {width} wide (its text encoder's hidden size) but {self.model_name} takes "
+                            f"{self.width}-wide token embeddings; set model.caption_channels {width}")
         self.null = {k: self._cast(k, null[k], device) for k in self.caption_keys}
 
     def bind(self, dataset, device) -> None:

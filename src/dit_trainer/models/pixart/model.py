@@ -119,7 +119,7 @@ class PixArt(nn.Module):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, 0, learn_sigma)
         self.num_heads, self.interpolation_scale = num_heads, float(interpolation_scale)
-        self.micro_conditions = bool(micro_conditions)
+        self.micro_conditions, self.caption_channels = bool(micro_conditions), caption_channels
         # The keyword arguments the model takes from a batch (the text condition reads these keys).
         self.condition_keys = TEXT_KEYS + (MICRO_KEYS if self.micro_conditions else ())
 
