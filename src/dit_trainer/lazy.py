@@ -31,3 +31,13 @@ def resolve(target: str):
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def register_target(table: dict, name: str, target: str, what: str) -> None:
+    """`table[name] = target` ("module:attr"), for a registry of `what`s; a malformed target, or a name
+    another target holds, is a ValueError."""
+    if ":" not in target:
+        raise ValueError(f"{what} target {target!r} must read 'module:attr'")
+    if name in table and table[name] != target:
+        raise ValueError(f"{what} {name!r} is already registered as {table[name]}")
+    table[name] = target

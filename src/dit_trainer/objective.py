@@ -7,7 +7,7 @@ module imports no torch and no objective package.
 """
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.lazy import resolve
+from dit_trainer.lazy import register_target, resolve
 
 
 class Objective:
@@ -81,11 +81,7 @@ _FACTORIES = {
 
 def register_objective(name: str, target: str) -> None:
     """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted)."""
-    if ":" not in target:
-        raise ValueError(f"objective target {target!r} must read 'module:attr'")
-    if name in _FACTORIES and _FACTORIES[name] != target:
-        raise ValueError(f"objective {name!r} is already registered as {_FACTORIES[name]}")
-    _FACTORIES[name] = target
+    register_target(_FACTORIES, name, target, "objective")
 
 
 def list_objectives() -> list:

@@ -6,7 +6,7 @@ methods (see `base.Condition` and docs/design.md, "conditions") instead of askin
 Registering and naming conditions imports no torch; the implementations load when built.
 """
 
-from dit_trainer.lazy import lazy_exports, resolve
+from dit_trainer.lazy import lazy_exports, register_target, resolve
 
 _FACTORIES = {
     "class": "dit_trainer.condition.label:ClassCondition.from_config",
@@ -19,11 +19,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 def register_condition(name: str, target: str) -> None:
     """Make `ModelSpec.condition == name` build with the factory at "module:attr", called as (cfg, model)."""
-    if ":" not in target:
-        raise ValueError(f"condition target {target!r} must read 'module:attr'")
-    if name in _FACTORIES and _FACTORIES[name] != target:
-        raise ValueError(f"condition {name!r} is already registered as {_FACTORIES[name]}")
-    _FACTORIES[name] = target
+    register_target(_FACTORIES, name, target, "condition")
 
 
 def list_conditions() -> list:

@@ -181,6 +181,26 @@ def get_2d_sincos_pos_embed(embed_dim, grid_size, interpolation_scale=1.0):
     return np.concatenate([emb_h, emb_w], axis=1)
 
 
+def init_backbone(model, interpolation_scale=1.0) -> None:
+    """The release's first initialisation of a DiT-like `model` (DiT, PixArt), in its order: Xavier-uniform
+    linears with zero biases, the fixed sin-cos `pos_embed`, and the patch conv like a linear layer over
+    its flattened kernel."""
+
+    def _basic_init(module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.constant_(module.bias, 0)
+
+    model.apply(_basic_init)
+    grid = int(model.x_embedder.num_patches**0.5)
+    pos_embed = get_2d_sincos_pos_embed(model.pos_embed.shape[-1], grid, interpolation_scale)
+    model.pos_embed.data.copy_(torch.from_numpy(pos_embed).float().unsqueeze(0))
+    w = model.x_embedder.proj.weight.data
+    nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+    nn.init.constant_(model.x_embedder.proj.bias, 0)
+
+
 def unpatchify(x, patch_size: int, channels: int):
     """(B, N, p*p*C) tokens, features ordered (p, p, C), back to (B, C, H, W) images."""
     p, c = patch_size, channels

@@ -75,3 +75,19 @@ def test_a_dit_of_another_width_is_one_line(dit, tmp_path):
     with pytest.raises(ConfigError) as err:
         DiTTrainer(cfg, dataset=TinyCaptions())
     assert "model.hidden_size is 24" in str(err.value) and "holds 48" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_dit_run_folder_points_at_its_weights_file(tmp_path):
+    """Our own DiT run (class-conditional stage 1): the folder names its weights file, which then starts the PixArt."""
+    from tests.parallel._common import TinyLatents
+
+    dit_model = {"name": "DiT-S/2", "depth": 2, "hidden_size": 48, "num_heads": 2}
+    DiTTrainer(tiny_config(tmp_path / "dit", model=dit_model, train={"max_steps": 1}), dataset=TinyLatents()).train()
+    cfg = {**PIXART, "weights_path": str(tmp_path / "dit")}
+    with pytest.raises(ConfigError) as err:
+        DiTTrainer(tiny_config(tmp_path / "a", kind="pixart", model=cfg), dataset=TinyCaptions())
+    weights = tmp_path / "dit" / "checkpoints" / "step-00000001" / "ema.safetensors"
+    assert str(weights) in str(err.value) and "\n" not in str(err.value)
+    trainer = DiTTrainer(tiny_config(tmp_path / "b", kind="pixart", model={**cfg, "weights_path": str(weights)}),
+                         dataset=TinyCaptions())
+    assert trainer.train_step(next(iter(torch.utils.data.DataLoader(TinyCaptions(), batch_size=8))))["loss"] > 0

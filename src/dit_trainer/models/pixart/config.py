@@ -14,7 +14,7 @@ class PixArtConfig:
     hidden_size: Optional[int] = None  # token width (default: 1152); a multiple of 4, and of 3 with micro-conditions
     num_heads: Optional[int] = None  # attention heads, must divide hidden_size (default: 16)
     mlp_ratio: Optional[float] = None  # MLP width / hidden_size (default: 4)
-    caption_channels: Optional[int] = None  # width of the text encoder's token embeddings (default: 4096, T5-XXL); the captioned data's when not set
+    caption_channels: Optional[int] = None  # width of the text encoder's token embeddings (default: 4096, T5-XXL); must be the captions' encoder's hidden size
     interpolation_scale: Optional[float] = None  # sin-cos positions are arange(grid) / this (default: the release's; 1024 px: 2)
     micro_conditions: Optional[bool] = None  # the image's resolution and aspect ratio condition the model (default: PixArt-alpha 1024's only)
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 from dit_trainer.models.attention import attention
 from dit_trainer.models.dit.model import TimestepEmbedder
 from dit_trainer.models.guidance import guided_forward
-from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, get_2d_sincos_pos_embed, set_io, unpatchify
+from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, init_backbone, set_io, unpatchify
 
 TEXT_KEYS = ("text_embeds", "text_mask")
 MICRO_KEYS = ("resolution", "aspect_ratio")
@@ -138,20 +138,7 @@ class PixArt(nn.Module):
     def initialize_weights(self):
         """The release's: Xavier linears, sin-cos positions, N(0, 0.02) embedder MLPs, and zeros for each
         cross-attention's output and the head, so a new block adds no caption and the model starts at 0."""
-
-        def _basic_init(module):
-            if isinstance(module, nn.Linear):
-                torch.nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.constant_(module.bias, 0)
-
-        self.apply(_basic_init)
-        grid = int(self.x_embedder.num_patches**0.5)
-        pos_embed = get_2d_sincos_pos_embed(self.pos_embed.shape[-1], grid, self.interpolation_scale)
-        self.pos_embed.data.copy_(torch.from_numpy(pos_embed).float().unsqueeze(0))
-        w = self.x_embedder.proj.weight.data
-        nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
-        nn.init.constant_(self.x_embedder.proj.bias, 0)
+        init_backbone(self, self.interpolation_scale)
         embedders = [self.t_embedder, *([self.csize_embedder, self.ar_embedder] if self.micro_conditions else [])]
         for embedder in embedders:
             nn.init.normal_(embedder.mlp[0].weight, std=0.02)

@@ -58,44 +58,34 @@ def is_diffusers(state_dict: dict) -> bool:
     return any(k.startswith(DIFFUSERS_PREFIXES) for k in state_dict)
 
 
+def _pairs(depth: int):
+    """(our key, diffusers' key) of every one-to-one tensor, and (our key, diffusers' keys) of the fused ones."""
+    plain = [(f"{o}.{leaf}", f"{t}.{leaf}") for o, t in _TOP.items() for leaf in ("weight", "bias")]
+    plain += list(_TABLES.items())
+    fused = []
+    for i in range(depth):
+        mine, yours = f"blocks.{i}.", f"transformer_blocks.{i}."
+        plain.append((mine + "scale_shift_table", yours + "scale_shift_table"))
+        for leaf in ("weight", "bias"):
+            plain += [(f"{mine}{o}.{leaf}", f"{yours}{t}.{leaf}") for o, t in _BLOCK.items()]
+            fused += [(f"{mine}{o}.{leaf}", [f"{yours}{t}.{leaf}" for t in pieces]) for o, pieces in _FUSED.items()]
+    return plain, fused
+
+
 def to_diffusers(state_dict: dict) -> dict:
     """Our (the release's) PixArt weights in diffusers' PixArtTransformer2DModel names (pos_embed left out)."""
-    out = {}
-    for ours, theirs in _TOP.items():
-        for leaf in ("weight", "bias"):
-            if f"{ours}.{leaf}" in state_dict:
-                out[f"{theirs}.{leaf}"] = state_dict[f"{ours}.{leaf}"]
-    for ours, theirs in _TABLES.items():
-        out[theirs] = state_dict[ours]
-    for i in range(_depth(state_dict, "blocks.")):
-        mine, yours = f"blocks.{i}.", f"transformer_blocks.{i}."
-        out[yours + "scale_shift_table"] = state_dict[mine + "scale_shift_table"]
-        for leaf in ("weight", "bias"):
-            for ours, theirs in _BLOCK.items():
-                out[f"{yours}{theirs}.{leaf}"] = state_dict[f"{mine}{ours}.{leaf}"]
-            for ours, pieces in _FUSED.items():
-                for theirs, piece in zip(pieces, state_dict[f"{mine}{ours}.{leaf}"].chunk(len(pieces), dim=0)):
-                    out[f"{yours}{theirs}.{leaf}"] = piece.clone()
+    plain, fused = _pairs(_depth(state_dict, "blocks."))
+    out = {theirs: state_dict[ours] for ours, theirs in plain if ours in state_dict}
+    for ours, pieces in fused:
+        out.update({theirs: piece.clone() for theirs, piece in zip(pieces, state_dict[ours].chunk(len(pieces)))})
     return out
 
 
 def from_diffusers(state_dict: dict) -> dict:
     """diffusers' PixArtTransformer2DModel weights in ours (no pos_embed: the model's fixed table is used)."""
-    out = {}
-    for ours, theirs in _TOP.items():
-        for leaf in ("weight", "bias"):
-            if f"{theirs}.{leaf}" in state_dict:
-                out[f"{ours}.{leaf}"] = state_dict[f"{theirs}.{leaf}"]
-    for ours, theirs in _TABLES.items():
-        out[ours] = state_dict[theirs]
-    for i in range(_depth(state_dict, "transformer_blocks.")):
-        mine, yours = f"blocks.{i}.", f"transformer_blocks.{i}."
-        out[mine + "scale_shift_table"] = state_dict[yours + "scale_shift_table"]
-        for leaf in ("weight", "bias"):
-            for ours, theirs in _BLOCK.items():
-                out[f"{mine}{ours}.{leaf}"] = state_dict[f"{yours}{theirs}.{leaf}"]
-            for ours, pieces in _FUSED.items():
-                out[f"{mine}{ours}.{leaf}"] = torch.cat([state_dict[f"{yours}{p}.{leaf}"] for p in pieces], dim=0)
+    plain, fused = _pairs(_depth(state_dict, "transformer_blocks."))
+    out = {ours: state_dict[theirs] for ours, theirs in plain if theirs in state_dict}
+    out.update({ours: torch.cat([state_dict[t] for t in pieces]) for ours, pieces in fused})
     return out
 
 
