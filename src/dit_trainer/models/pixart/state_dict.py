@@ -8,8 +8,6 @@ guide) and, in diffusers, the fixed sin-cos `pos_embed` (a non-persistent buffer
 diffusers' weights leaves it to the model's own table, see `adopt.py`).
 """
 
-import torch
-
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 DROPPED = ("y_embedder.y_embedding",)  # the release's learned null caption
 DIFFUSERS_PREFIXES = ("transformer_blocks.", "adaln_single.", "caption_projection.", "proj_out.")
@@ -83,6 +81,8 @@ def to_diffusers(state_dict: dict) -> dict:
 
 def from_diffusers(state_dict: dict) -> dict:
     """diffusers' PixArtTransformer2DModel weights in ours (no pos_embed: the model's fixed table is used)."""
+    import torch  # here: registering the family (which imports this adapter) stays torch-free
+
     plain, fused = _pairs(_depth(state_dict, "transformer_blocks."))
     out = {ours: state_dict[theirs] for ours, theirs in plain if theirs in state_dict}
     out.update({ours: torch.cat([state_dict[t] for t in pieces]) for ours, pieces in fused})
