@@ -94,7 +94,10 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
     if kind == "pixart":
         d["data"]["caption_dropout_prob"] = 0.5  # many dropped rows, so a layout that dropped others would show
     for name, values in sections.items():
-        d.setdefault(name, {}).update(values)
+        if isinstance(values, dict):
+            d.setdefault(name, {}).update(values)
+        else:  # a top-level key (objective)
+            d[name] = values
     return build_config(d)
 
 

@@ -38,6 +38,13 @@ def test_dropped_captions_are_the_null_caption_on_the_drawn_rows(tmp_path):
     assert all(torch.equal(seen[s][i], null) for s, rows in enumerate(expected) for i in rows)
 
 
+def test_transport_trains_it_through_the_same_condition(tmp_path):
+    trainer = DiTTrainer(_cfg(tmp_path / "run", objective="transport"), dataset=TinyCaptions())
+    batch = next(iter(torch.utils.data.DataLoader(TinyCaptions(), batch_size=8)))
+    losses = [trainer.train_step(batch)["loss"] for _ in range(2)]
+    assert all(loss > 0 and loss == loss for loss in losses) and trainer.objective.name == "transport"
+
+
 def test_resume_is_bitwise(tmp_path):
     """Four steps at once, and two then two more from the step-2 checkpoint: the same losses and weights, bit for bit."""
     from tests.parallel._common import final_weights, read_losses

@@ -112,7 +112,12 @@ class PixArtStateDictAdapter:
 
 def diffusers_config(model) -> dict:
     """The `PixArtTransformer2DModel` config of a PixArt `model` (the arguments diffusers builds it from)."""
+    from dit_trainer.errors import ConfigError
+
     heads, hidden = model.num_heads, model.pos_embed.shape[-1]
+    if model.blocks[0].mlp.fc1.out_features != 4 * hidden:
+        raise ConfigError("diffusers' PixArtTransformer2DModel has an MLP 4 times the width; this model's "
+                          "model.mlp_ratio is not 4, so keep it in our format")
     return {"num_attention_heads": heads, "attention_head_dim": hidden // heads, "in_channels": model.in_channels,
             "out_channels": model.out_channels, "num_layers": len(model.blocks), "cross_attention_dim": hidden,
             "sample_size": model.input_size, "patch_size": model.patch_size, "norm_type": "ada_norm_single",
