@@ -75,7 +75,7 @@ def test_a_batch_without_captions_is_one_line(cond):
 
 
 def test_a_null_caption_of_another_length_or_width_is_one_line(cond):
-    with pytest.raises(DataError, match="set model.caption_channels 4"):
+    with pytest.raises(DataError, match="set model.text_hidden_size 4"):
         cond.set_null({"text_embeds": torch.zeros(3, 4), "text_mask": torch.ones(3)}, "cpu")
     cond.set_null({"text_embeds": torch.zeros(5, 2), "text_mask": torch.ones(5)}, "cpu")
     with pytest.raises(DataError, match="null caption's text_embeds is"):

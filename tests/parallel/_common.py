@@ -64,7 +64,7 @@ TINY_MODELS = {
                                 "mlp": "swiglu", "rope": True, "qk_norm": True}),
     # Text-conditioned: cross-attention to TinyCaptions' padded captions, half of them dropped to the null caption.
     "pixart": ("diffusion", {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4,
-                             "caption_channels": TinyCaptions.width}),
+                             "text_hidden_size": TinyCaptions.width}),
 }
 
 

@@ -95,7 +95,7 @@ _TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "
     {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "input_size": 8},
     *[{**_TINY_DIT, **o} for o in BLOCK_OPTIONS],
     # Cross-attention over the release's 120 caption tokens, more than the 16 image tokens.
-    {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4, "caption_channels": 16,
+    {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4, "text_hidden_size": 16,
      "input_size": 8},
 ])
 def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):

@@ -64,8 +64,8 @@ def test_class_data_for_a_text_model_is_one_line(tmp_path):
 
 
 def test_caption_width_must_match_the_model(tmp_path):
-    with pytest.raises(DataError, match="set model.caption_channels 16"):
-        DiTTrainer(_cfg(tmp_path / "run", model={"caption_channels": 32}), dataset=TinyCaptions())
+    with pytest.raises(DataError, match="set model.text_hidden_size 16"):
+        DiTTrainer(_cfg(tmp_path / "run", model={"text_hidden_size": 32}), dataset=TinyCaptions())
 
 
 @pytest.mark.parametrize("section", [{"logging": {"image_steps": 2}}, {"eval": {"every": 2}}])

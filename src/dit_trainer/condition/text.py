@@ -33,7 +33,7 @@ class TextCondition(Condition):
 
     def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None):
         super().__init__(dropout_prob)
-        self.width = width  # the token embeddings' width the model takes (model.caption_channels), if known
+        self.width = width  # the token embeddings' width the model takes (the model's caption_channels), if known
         self.keys = tuple(keys)
         self.caption_keys = tuple(k for k in self.keys if k in CAPTION_KEYS)
         if "text_embeds" not in self.caption_keys:
@@ -68,7 +68,7 @@ class TextCondition(Condition):
         width = int(torch.as_tensor(null["text_embeds"]).shape[-1])
         if self.width is not None and width != self.width:
             raise DataError(f"{source} is {width} wide (its text encoder's hidden size) but {self.model_name} takes "
-                            f"{self.width}-wide token embeddings; set model.caption_channels {width}")
+                            f"{self.width}-wide token embeddings; set model.text_hidden_size {width}")
         self.null = {k: self._cast(k, null[k], device) for k in self.caption_keys}
 
     def bind(self, dataset, device) -> None:

@@ -7,6 +7,7 @@ what is allowed. The model family's own options are checked by the family (see m
 
 import math
 
+from dit_trainer.config.guide_spec import PHEMA_MAX_STD, keep_eval_guide, parse_guide
 from dit_trainer.errors import ConfigError
 from dit_trainer.repa.config import check_repa
 
@@ -136,6 +137,18 @@ def check_guidance(section, prefix: str) -> None:
     section.guidance_interval = None if interval is None else list(interval)
 
 
+def check_guides(cfg) -> None:
+    """The guide specs parse (`config.guide_spec`), and the checkpoint eval.guide names is one the run keeps: a
+    step past train.max_steps is refused; one it would not keep joins checkpoint.keep_steps, with a note."""
+    import sys
+
+    if cfg.sample.guide is not None:
+        parse_guide(cfg.sample.guide, "sample.guide")
+    note = keep_eval_guide(cfg)
+    if note:
+        print(note, file=sys.stderr)
+
+
 def check_values(cfg) -> None:
     """Raise a one-line ConfigError for the first value outside what its key allows."""
     for key, ok, allowed in _RANGES:
@@ -170,6 +183,7 @@ def check_values(cfg) -> None:
     check_latent_stats(cfg.data)
     check_guidance(cfg.sample, "sample")
     check_guidance(cfg.eval, "eval")
+    check_guides(cfg)
     s = cfg.sample
     if s.ema_std is not None and not 0 < s.ema_std < PHEMA_MAX_STD:
         raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a post-hoc EMA width sigma_rel in "
@@ -196,12 +210,6 @@ def check_latent_stats(data) -> None:
 
         check_stats(mean, std, len(mean) if isinstance(mean, (list, tuple)) else 0, "data", ConfigError)
         data.latent_mean, data.latent_std = [float(v) for v in mean], [float(v) for v in std]
-
-
-# The widest power-function EMA: exponent 0 (a mean over every step so far) has sigma_rel sqrt(1/12),
-# and the width falls as the exponent grows, so the cubic that gives the exponent of a width has a
-# positive root exactly for widths below this (phema/profile.py; tests hold the two equal).
-PHEMA_MAX_STD = math.sqrt(1.0 / 12.0)
 
 
 def check_phema_stds(cfg) -> None:

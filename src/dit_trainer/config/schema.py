@@ -139,7 +139,7 @@ class EvalConfig:
     sample_batch_size: int = 50  # samples drawn per chunk (one seed each: the same noise at every measurement)
     sample_steps: int = 50  # sampler steps of those samples (the objective's default sampler)
     cfg_scale: float = 1.0  # their guidance scale, >= 1 (1: none, the usual training-time FID)
-    guide: Optional[str] = None  # autoguidance for these samples: the guide checkpoint, as sample.guide; a step of this run is used once it is saved (measurements before it are skipped)
+    guide: Optional[str] = None  # autoguidance for these samples: a step of this run (300) or a share of train.max_steps (50%), which joins checkpoint.keep_steps (with a note) unless the run keeps it anyway, used once it is saved (measurements before it are skipped, one after it that finds it gone is an error); or a checkpoint or run folder (relative to output_dir)
     guide_scale: Optional[float] = None  # autoguidance weight w > 1 (D_guide + w (D - D_guide)); needed with eval.guide
     guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, as sample.guidance_interval
     network: str = "auto"  # auto | inception | digits; auto: the digit network for data.path digits, else Inception
@@ -150,14 +150,14 @@ class EvalConfig:
 
 @dataclass
 class SampleConfig:
-    """How this run's samples are best drawn: what `dit sample`, `dit sample-ddp` and `dit eval --ckpt`
-    use where no flag says otherwise (`dit demo` records what it found best here)."""
+    """How this run's samples are best drawn: what `dit sample` and `dit sample-ddp` use where no flag says
+    otherwise (`dit demo` records what it found best here); sample/settings.py resolves them into one value."""
 
     cfg_scale: Optional[float] = None  # classifier-free guidance weight >= 1 (1: none); None: each command's release default (sample 4.0, sample-ddp 1.5)
-    guide: Optional[str] = None  # autoguidance (Karras et al., 2024): the guide checkpoint, a step of this run (300: checkpoints/step-00000300, kept by checkpoint.keep_steps) or a path (relative to output_dir) to a checkpoint or run of the same latent shape, classes and objective; None: no autoguidance
+    guide: Optional[str] = None  # autoguidance (Karras et al., 2024): the guide checkpoint, relative to the main checkpoint sampled: a step of its run (300: checkpoints/step-00000300, kept by checkpoint.keep_steps), a share of its step (50%: the checkpoint of half its step, rounded down), the run's post-hoc EMA at such a share (phema/std0.100@50%: sigma_rel 0.100 at the snapshot nearest half its step, the earlier of two as near, rebuilt from the snapshots when missing), or a path (relative to output_dir) to a checkpoint or run of the same latent shape, classes and objective; None: no autoguidance
     guide_scale: Optional[float] = None  # autoguidance weight w > 1: D_guide + w (D - D_guide); needed with sample.guide
     guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, sigma the noise level (noise scale over signal scale, EDM's sigma: the same unit for every schedule and objective; .inf for no upper bound); None guides every step
-    ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel (dit ema reconstructs it from train.phema_stds snapshots); None: the checkpoint's ema.safetensors
+    ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel at the checkpoint's step, rebuilt from the train.phema_stds snapshots (as dit ema does) when missing; None: the checkpoint's ema.safetensors
     sampler: Optional[str] = None  # ddpm | ddim (diffusion) or ode | sde (transport); None: the release's (ddpm, ode)
     steps: Optional[int] = None  # sampler steps; None: the sampler's default
 

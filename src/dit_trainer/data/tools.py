@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import checksums
+from dit_trainer.data import shard_text
 from dit_trainer.data import shards as sh
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
@@ -208,11 +209,18 @@ def verify(path, progress: bool = False) -> List[str]:
     listed = {s["name"] for s in m["shards"]}
     from tqdm import tqdm
 
+    text = m.get("text")
+    problems += shard_text.text_problems(file, text) if text is not None else []
+    if problems:
+        return problems
     for s in tqdm(m["shards"], unit="shard", desc="verify", disable=not progress):
-        problems += _check_shard(root, m, s["name"], s["count"], entry) or _check_sums(root, s)
+        problems += (_check_shard(root, m, s["name"], s["count"], entry) or _check_sums(root, s)
+                     or (shard_text.check_shard_text(root, text, s["name"], s["count"]) if text else []))
+    problems += shard_text.null_problems(root, text) if text is not None else []
     for stray in sorted(glob.glob(os.path.join(root, "shard-*.npy"))):
-        stem = os.path.basename(stray)[:-4]
-        for suffix in (".labels", ".images"):  # .images: the crops `dit extract --keep-images` keeps
+        stem = os.path.basename(stray)
+        # What `dit extract` keeps beside the latents: labels, crops (--keep-images), text (--text-encoder).
+        for suffix in (".labels.npy", *checksums.SIDECARS.values(), ".npy"):
             stem = stem.removesuffix(suffix)
         if stem not in listed:
             problems.append(f"{stray}: not listed in {file}; delete it or re-run the extraction")

@@ -27,8 +27,7 @@ class ModelSpec:
     prices (`models.costs.ModelCosts`: parameters, work and saved activations per block, no model
     built); `objective` is what `objective: auto` trains it with; `weights_shape_fn` reads the
     model keys off a state dict, `label_embedding` names the class table; `condition` names what
-    the model is conditioned on (`dit_trainer.condition`: "class" labels or "text" captions), and
-    `text_max_length` the caption tokens a text family takes by default (`data.text_max_length 0`);
+    the model is conditioned on (`dit_trainer.condition`: "class" labels or "text" captions);
     `adopt_weights_fn(model, state_dict, source, log)` turns another family's weights of the same
     shape into a full state dict of `model` (a PixArt from a DiT).
     """
@@ -49,7 +48,6 @@ class ModelSpec:
     weights_shape_fn: Optional[Callable] = None
     label_embedding: str = "y_embedder.embedding_table.weight"  # the table a new class count starts anew
     condition: str = "class"  # what the model is conditioned on: class | text (dit_trainer.condition)
-    text_max_length: int = 0  # a text family's caption tokens when data.text_max_length is 0
     adopt_weights_fn: Optional[Callable] = None  # (model, state_dict, source, log) -> model's full state dict
 
     def from_released(self, state_dict: dict) -> dict:

@@ -14,7 +14,6 @@ labels depend on the number of samples: that is a refusal too. One writer per .n
 once is refused (an advisory lock in `NPZ.parts/`).
 """
 
-import dataclasses
 import errno
 import json
 import os
@@ -22,36 +21,14 @@ import shutil
 import time
 from collections import namedtuple
 from pathlib import Path
-from typing import Optional
-
 import numpy as np
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.sample.settings import SampleSettings
 
 CHUNK_FMT = "chunk-{:06d}.npz"
 LOCK_NAME = ".writer.lock"
 
-
-@dataclasses.dataclass(frozen=True)
-class FidBatchSettings:
-    """What an FID batch is asked for: the target, the checkpoint as named, and the values the samples depend on."""
-
-    npz: str
-    ckpt: str
-    num_samples: int = 50000
-    batch_size: int = 32
-    seed: int = 0
-    steps: Optional[int] = None
-    cfg_scale: float = 1.5
-    cfg_channels: Optional[int] = None
-    guide_scale: float = 1.0  # autoguidance weight (the guide model comes with the SamplingRun)
-    guidance_interval: Optional[tuple] = None  # (sigma_lo, sigma_hi]: guide only there
-    dtype: str = "fp32"  # network precision: fp32 or bf16
-    weights: str = "ema"
-    vae: Optional[str] = None
-    vae_dtype: str = "fp32"
-    progress: bool = True
-    overwrite: bool = False  # replace an .npz / preview this writer did not write, or wrote with other settings
 
 # (rank, world size, barrier, from_rank0): from_rank0(x) gives every rank rank 0's x.
 Ranks = namedtuple("Ranks", "rank world barrier from_rank0")
@@ -118,7 +95,7 @@ def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray, nfe: float) 
     os.replace(tmp, path)
 
 
-def _settings(job: FidBatchSettings, reader, run, classes) -> dict:
+def _settings(job: SampleSettings, reader, run, classes) -> dict:
     """What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the settings
     that change them; image size and classes as the model got them (the flags matter for weights files only)."""
     settings = {"ckpt": str(reader.path), "ckpt_manifest": reader.manifest_digest(), "weights": job.weights,
@@ -135,7 +112,7 @@ def _settings(job: FidBatchSettings, reader, run, classes) -> dict:
     return settings
 
 
-def _guidance_settings(job: FidBatchSettings, run) -> dict:
+def _guidance_settings(job: SampleSettings, run) -> dict:
     """Autoguidance and the guidance interval, recorded only where used (older records read as before)."""
     out = {}
     guide_reader = getattr(run, "guide_reader", None)
@@ -204,7 +181,7 @@ def _unlock(fd) -> None:
         os.close(fd)  # closing drops the flock
 
 
-def _open_parts(parts: Path, out: Path, settings: dict, job: FidBatchSettings, ranks):
+def _open_parts(parts: Path, out: Path, settings: dict, job: SampleSettings, ranks):
     """Rank 0 checks the target and the record of an unfinished run, takes the writer's lock and writes this
     run's record; every rank gets the same outcome: "done", a refusal (raised), or the lock (rank 0) to go on."""
     state, line, fd = None, None, None
@@ -247,7 +224,7 @@ def _check_record(parts: Path, settings: dict, ckpt_arg):
     return None, None
 
 
-def write_fid_batch(job: FidBatchSettings, reader, run, compiled=False, ranks=ONE_PROCESS, classes=None) -> Path:
+def write_fid_batch(job: SampleSettings, reader, run, compiled=False, ranks=ONE_PROCESS, classes=None) -> Path:
     """Sample this rank's missing chunks of `job.npz`, then (rank 0) assemble the .npz and a preview PNG.
 
     `reader` is the `checkpoint.open` reader of the model; `run` holds model, cfg, objective, sampler,
@@ -269,7 +246,7 @@ def write_fid_batch(job: FidBatchSettings, reader, run, compiled=False, ranks=ON
     return out
 
 
-def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
+def _sample_chunks(job: SampleSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
     """Sample and save this rank's chunks that are not on disk yet."""
     import torch
     from tqdm.auto import tqdm
@@ -302,7 +279,7 @@ def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, comp
         bar.set_postfix(img_per_s=f"{done * ranks.world / (time.perf_counter() - t0):.2f}")
 
 
-def _assemble(job: FidBatchSettings, parts: Path, out: Path, settings: dict) -> None:
+def _assemble(job: SampleSettings, parts: Path, out: Path, settings: dict) -> None:
     """Join the chunks into the .npz and its preview, then drop the chunks."""
     from dit_trainer.sample.images import from_adm_images, save_grid, save_npz
 

@@ -13,7 +13,8 @@ noise or velocity: both are affine in the denoised image for a given x_t, so mix
 Together, both guidance terms are added to the conditional prediction:
 D_cond + (w_cfg - 1)(D_cond - D_uncond) + (w - 1)(D_cond - D_guide), which is each of the above
 when the other weight is 1. Sigma is `Objective.noise_level(t)`: the same unit for every schedule
-and objective, so the papers' intervals carry over.
+and objective, so a paper's interval carries over once scaled by the two data's sigma_data
+(docs/sampling.md: EDM2's latents have 0.5, ours 1, so its bounds double).
 """
 
 import dataclasses

@@ -131,21 +131,34 @@ class TrainingFID:
               f"{time.perf_counter() - t0:.0f} s, cached in {cached}", flush=True)
         return stats
 
-    def guide(self, model):
+    def guide(self, model, step: int):
         """The autoguidance guide of `eval.guide` (loaded once, checked against `model`), None without one, or
-        "missing" while a step of this run that it names is not saved yet."""
+        "missing" while the step of this run it names is not saved yet (at `step`, before that step's save);
+        a one-line error when that step is past and its checkpoint is gone."""
         ev = self.cfg.eval
         if ev.guide is None:
             return None
         if self._guide is None:
-            from pathlib import Path
-
-            from dit_trainer.sample.run_settings import guide_path, load_guide
+            from dit_trainer.config.guide_spec import eval_guide_step
+            from dit_trainer.errors import CheckpointError
+            from dit_trainer.sample.run_settings import load_guide
 
             run = Path(self.cfg.output_dir)
-            if not guide_path(ev.guide, run, from_config=True).exists() and str(ev.guide).isdigit():
-                return "missing"
-            self._guide = load_guide(ev.guide, run, self.cfg, model, self.device, from_config=True, key="eval.guide")[0]
+            at = eval_guide_step(self.cfg)
+            if at is not None:  # a checkpoint of this run: step `at`, saved after the measurement of that step
+                path = run / "checkpoints" / f"step-{at:08d}"
+                if not path.exists():
+                    if step <= at:
+                        return "missing"
+                    raise CheckpointError(f"eval.guide {ev.guide}: {path} does not exist although step {at} is past (removed "
+                                          f"by hand, or resumed from a run that did not keep it); keep it with "
+                                          f"checkpoint.keep_steps, or name another guide")
+            else:  # a folder, relative to output_dir
+                path = run / Path(ev.guide).expanduser()
+                if not path.exists():
+                    raise CheckpointError(f"eval.guide {ev.guide}: {path} does not exist; pass an existing checkpoint "
+                                          f"or run folder (relative to output_dir), or a step of this run")
+            self._guide = load_guide(path, self.cfg, model, self.device, f"eval.guide {ev.guide}")[0]
         return self._guide
 
     def _features(self, model, objective, guide=None):
@@ -186,7 +199,7 @@ class TrainingFID:
         from dit_trainer.evaluate.stats import gaussian_stats
 
         t0 = time.perf_counter()
-        guide = self.guide(model) if model is not None else None
+        guide = self.guide(model, step) if model is not None else None
         missing = from_main(guide == "missing" if self.dims.is_main else None)
         if missing:
             if self.dims.is_main:

@@ -2,7 +2,7 @@
 
 import torch
 
-TINY = {"depth": 2, "hidden_size": 48, "num_heads": 2, "caption_channels": 16}
+TINY = {"depth": 2, "hidden_size": 48, "num_heads": 2, "text_hidden_size": 16}
 CAPTION_TOKENS = 5
 
 
@@ -34,7 +34,7 @@ def caption_batch(b=3, seed=1, micro=False):
     g = torch.Generator().manual_seed(seed)
     lengths = [3, CAPTION_TOKENS, 1, 4][:b]
     mask = torch.tensor([[1] * n + [0] * (CAPTION_TOKENS - n) for n in lengths])
-    kwargs = {"text_embeds": torch.randn(b, CAPTION_TOKENS, TINY["caption_channels"], generator=g), "text_mask": mask}
+    kwargs = {"text_embeds": torch.randn(b, CAPTION_TOKENS, TINY["text_hidden_size"], generator=g), "text_mask": mask}
     if micro:
         kwargs["resolution"] = torch.tensor([[1024.0, 1024.0], [768.0, 1344.0], [512.0, 512.0], [1024.0, 768.0]][:b])
         kwargs["aspect_ratio"] = kwargs["resolution"][:, :1] / kwargs["resolution"][:, 1:]

@@ -10,7 +10,7 @@ from dit_trainer.train import DiTTrainer
 from tests.models.pixart.pixart_helpers import randomize
 from tests.parallel._common import TinyCaptions, tiny_config
 
-PIXART = {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 2, "caption_channels": 16}
+PIXART = {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 2, "text_hidden_size": 16}
 
 
 @pytest.fixture(scope="module")

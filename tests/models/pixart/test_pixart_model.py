@@ -14,7 +14,7 @@ def test_forward_with_cfg_guides_with_the_null_caption():
     """[captions; null caption] from the condition value, guided as DiT's forward_with_cfg: the first
     in_channels mixed, the learned sigma passed through from the conditional half."""
     model = tiny_pixart(micro=True)
-    cond = TextCondition(model.condition_keys, 0.1, width=TINY["caption_channels"])
+    cond = TextCondition(model.condition_keys, 0.1, width=TINY["text_hidden_size"])
     g = torch.Generator().manual_seed(4)
     cond.set_null({"text_embeds": torch.randn(CAPTION_TOKENS, 16, generator=g),
                    "text_mask": torch.tensor([1, 0, 0, 0, 0])}, "cpu")

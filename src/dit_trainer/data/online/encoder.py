@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from dit_trainer.data.encode import ENCODE_BATCH, encode_rows
-from dit_trainer.data.images import IMAGE_ERRORS, load_image
+from dit_trainer.data.captions.files import read_image
+from dit_trainer.data.images import IMAGE_ERRORS
 from dit_trainer.data.online import cache as lc
 from dit_trainer.data.online.dataset import keep_batch
 from dit_trainer.errors import DataError
@@ -56,7 +57,7 @@ class CacheEncoder:
         from dit_trainer.vae.autoencoder import scaling
 
         self.dataset, self.device, self.writes = dataset, torch.device(device), writes
-        self.vae = None
+        self.vae = self.text_model = None
         self.scale = scaling(dataset.vae) if dataset.vae is not None else None
         self.writer = lc.PieceWriter(dataset.root)
         self.complete = None  # the finished cache as LatentShards, once there is one
@@ -91,6 +92,21 @@ class CacheEncoder:
         self._count(len(index))
         return out
 
+    def encode_text(self, index: np.ndarray):
+        """The stored text rows (`shard_text`) of the captions of images `index`."""
+        from dit_trainer.data.encode import encode_text_rows
+        from dit_trainer.data.shard_text import to_storage
+
+        ds = self.dataset
+        if self.text_model is None:
+            if ds.text_model is None:
+                raise DataError(f"the latent cache {ds.root} needs its text encoder {ds.text['encoder']} to encode; "
+                                "it was not loaded")
+            self.text_model = ds.text_model.to(self.device)
+        with _NoTF32():
+            rows = encode_text_rows(self.text_model, [ds.captions[i] for i in index.tolist()])
+        return to_storage(rows, ds.text, ds.where_of(int(index[0])))
+
     def _count(self, n: int) -> None:
         self.encoded += n
         if self.bar is not None:
@@ -105,17 +121,23 @@ class CacheEncoder:
         index, todo = batch["index"].numpy(), batch["todo"].numpy()
         if batch["errors"]:
             j, err = batch["errors"][0]
-            raise DataError(f"{ds.paths[int(index[j])]}: {err}; remove or replace it (`dit extract` can skip "
+            raise DataError(f"{ds.where_of(int(index[j]))}: {err}; remove or replace it (`dit extract` can skip "
                             "unreadable images instead: train on its shards)")
         if todo.size:
             idx = index[todo]
             rows = self.encode(batch["images"].numpy(), idx)
+            text = self.encode_text(idx) if ds.text is not None else None
+            if text is not None:
+                for field, value in text.items():
+                    batch["text"][field][torch.from_numpy(todo)] = torch.from_numpy(value)
             if self.writes:
-                self.writer.add(idx, rows)
+                self.writer.add(idx, rows, text)
             from dit_trainer.data.shards import epoch_draws
 
             flips, seeds = epoch_draws(ds.seed, int(batch["epoch"]), idx, ds.random_flip, True)
             batch["x"][torch.from_numpy(todo)] = ds.finish(rows, idx, flips, seeds)
+        if "text" in batch:  # captions are the condition: the text batch keys, no "y"
+            return {"x": batch["x"], **{k: v.long() if k == "text_mask" else v for k, v in batch["text"].items()}}
         if "image" in batch:  # REPA's clean images ride along
             return {"x": batch["x"], "y": batch["y"], "image": batch["image"]}
         return batch["x"], batch["y"]
@@ -149,7 +171,7 @@ class CacheEncoder:
     def _complete(self):
         """Encode what no batch asked for, pack the shards, write the manifest; every rank calls it."""
         from dit_trainer.data.extract import finish_shards
-        from dit_trainer.data.shards import LatentShards
+        from dit_trainer.data.text_shards import open_shards
         from dit_trainer.parallel.utils import any_rank, barrier, from_main
 
         ds = self.dataset
@@ -166,14 +188,14 @@ class CacheEncoder:
             self._encode_rest(mine)
             barrier()
             where = lc.scan(root, len(ds), ds.entry)
-            lc.pack(root, where, range(self.rank, lc.num_shards(len(ds)), self.world), ds.labels)
+            lc.pack(root, where, range(self.rank, lc.num_shards(len(ds)), self.world), ds.labels, ds.text)
             barrier()
             if self.rank == 0:
                 total = lc.num_shards(len(ds))
                 with lc.writing(root, os.path.join(root, lc.sh.MANIFEST)):
                     finish_shards(root, [lc.sh.shard_name(s, total) for s in range(total)], ds.class_names, plan["vae"],
                                   plan["scaling_factor"], plan["shift_factor"], plan["image_size"], True, "mean_std",
-                                  lc.STORAGE, list(ds.latent_shape), ds.data_path)
+                                  lc.STORAGE, list(ds.latent_shape), ds.data_path, text=ds.text)
                 lc.remove_pieces(root)
             barrier()
         if self.bar is not None:
@@ -183,12 +205,13 @@ class CacheEncoder:
             seconds = time.perf_counter() - (self.started or time.perf_counter())
             print(f"latent cache {root} is complete: {len(ds)} images; later epochs and runs read it "
                   f"(this rank encoded {self.encoded} in {seconds:.0f} s)", file=sys.stderr)
-        self.vae = ds.vae = None  # the VAE's memory goes back to the model
+        self.vae = ds.vae = self.text_model = ds.text_model = None  # their memory goes back to the model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        shards = LatentShards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
+        shards = open_shards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
         shards.source = ds.source
-        shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
+        if ds.text is None:
+            shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
         return shards
 
     def _encode_rest(self, mine: np.ndarray) -> None:
@@ -199,10 +222,10 @@ class CacheEncoder:
             images = []
             for i in idx.tolist():
                 try:
-                    images.append(load_image(ds.paths[i], ds.image_size))
+                    images.append(read_image(ds.paths[i], ds.image_size))
                 except IMAGE_ERRORS as err:
-                    raise DataError(f"{ds.paths[i]}: {type(err).__name__}: {err}; remove or replace it".replace("\n", " ")) from None
-            self.writer.add(idx, self.encode(np.stack(images), idx))
+                    raise DataError(f"{ds.where_of(i)}: {type(err).__name__}: {err}; remove or replace it".replace("\n", " ")) from None
+            self.writer.add(idx, self.encode(np.stack(images), idx), self.encode_text(idx) if ds.text is not None else None)
         self.writer.flush()
 
 

@@ -67,7 +67,6 @@ def _register():
             costs_fn=lambda cfg, name=r.name: pixart_costs(cfg, name),
             weights_shape_fn=weights_shape,
             condition="text",
-            text_max_length=r.text_max_length,
             adopt_weights_fn=_lazy_call("dit_trainer.models.pixart.adopt", "adopt_weights"),
         )
         register_spec(r.name, spec)

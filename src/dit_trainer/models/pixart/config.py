@@ -14,7 +14,7 @@ class PixArtConfig:
     hidden_size: Optional[int] = None  # token width (default: 1152); a multiple of 4, and of 3 with micro-conditions
     num_heads: Optional[int] = None  # attention heads, must divide hidden_size (default: 16)
     mlp_ratio: Optional[float] = None  # MLP width / hidden_size (default: 4)
-    caption_channels: Optional[int] = None  # width of the text encoder's token embeddings (default: 4096, T5-XXL); must be the captions' encoder's hidden size
+    text_hidden_size: Optional[int] = None  # width of the text encoder's token embeddings, PixArt's caption_channels (default: 4096, T5-XXL); text data sets it
     interpolation_scale: Optional[float] = None  # sin-cos positions are arange(grid) / this (default: the release's; 1024 px: 2)
     micro_conditions: Optional[bool] = None  # the image's resolution and aspect ratio condition the model (default: PixArt-alpha 1024's only)
 
@@ -25,16 +25,16 @@ class PixArtConfig:
         r = release(name)
         depth, hidden, heads = SIZES["XL"]
         given = {"depth": self.depth, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
-                 "mlp_ratio": self.mlp_ratio, "caption_channels": self.caption_channels,
+                 "mlp_ratio": self.mlp_ratio, "text_hidden_size": self.text_hidden_size,
                  "interpolation_scale": self.interpolation_scale, "micro_conditions": self.micro_conditions}
         default = {"depth": depth, "hidden_size": hidden, "num_heads": heads, "mlp_ratio": 4.0,
-                   "caption_channels": CAPTION_CHANNELS, "interpolation_scale": r.interpolation_scale,
+                   "text_hidden_size": CAPTION_CHANNELS, "interpolation_scale": r.interpolation_scale,
                    "micro_conditions": r.micro_conditions}
         return {k: default[k] if v is None else v for k, v in given.items()}
 
     def check(self, name: str, model) -> None:
         """One-line ConfigError for options the model `name` cannot be built with (input size from `model`)."""
-        for key in ("depth", "hidden_size", "num_heads", "mlp_ratio", "caption_channels", "interpolation_scale"):
+        for key in ("depth", "hidden_size", "num_heads", "mlp_ratio", "text_hidden_size", "interpolation_scale"):
             value = getattr(self, key)
             if value is not None and not value > 0:
                 raise ConfigError(f"model.{key} is {value!r}; it must be a positive number")

@@ -32,7 +32,7 @@ def pixart_costs(cfg, name: str) -> ModelCosts:
     shared, options = build_kwargs(cfg, PixArtConfig)
     o = options.resolved(name)
     depth, d, heads = o["depth"], o["hidden_size"], o["num_heads"]
-    c_txt, micro = o["caption_channels"], o["micro_conditions"]
+    c_txt, micro = o["text_hidden_size"], o["micro_conditions"]
     size, c_in, p = shared.get("input_size", 32), shared.get("in_channels", 4), 2
     c_out = 2 * c_in if shared.get("learn_sigma", True) else c_in
     n, length, f = (size // p) ** 2, text_tokens(cfg, name), FREQUENCY_EMBEDDING

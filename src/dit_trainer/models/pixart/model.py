@@ -186,4 +186,7 @@ class PixArt(nn.Module):
 
 def build_pixart(options: dict, input_size, in_channels, learn_sigma) -> PixArt:
     """A PixArt of resolved options (`PixArtConfig.resolved`) and the shared shape fields."""
-    return PixArt(input_size=input_size, in_channels=in_channels, learn_sigma=learn_sigma, **options)
+    options = dict(options)
+    caption_channels = options.pop("text_hidden_size")  # the config's generic name for PixArt's caption_channels
+    return PixArt(input_size=input_size, in_channels=in_channels, learn_sigma=learn_sigma,
+                  caption_channels=caption_channels, **options)

@@ -30,7 +30,7 @@ def tensor_shape(sd: dict, source="weights") -> dict:
     shape = {"depth": len({k.split(".")[1] for k in sd if k.startswith("blocks.")}), "hidden_size": hidden,
              "patch_size": patch, "in_channels": in_channels, "learn_sigma": out_channels == 2 * in_channels,
              "mlp_ratio": sd["blocks.0.mlp.fc1.weight"].shape[0] / hidden,
-             "caption_channels": int(sd["y_embedder.y_proj.fc1.weight"].shape[1]),
+             "text_hidden_size": int(sd["y_embedder.y_proj.fc1.weight"].shape[1]),
              "micro_conditions": "csize_embedder.mlp.0.weight" in sd}
     if "pos_embed" in sd:  # diffusers' weights hold no positions: the data gives the size then
         shape["input_size"] = math.isqrt(int(sd["pos_embed"].shape[1])) * patch
@@ -77,7 +77,7 @@ def weights_shape(sd: dict, name, options: dict, source="weights") -> dict:
     name = name if given else _name_of(shape, source)
     want = {k: shape[k] for k in ("depth", "hidden_size", "mlp_ratio") if k in shape}
     want["num_heads"] = _heads(shape["hidden_size"], options, source)
-    for key in ("caption_channels", "micro_conditions"):
+    for key in ("text_hidden_size", "micro_conditions"):
         if key in shape:
             want[key] = shape[key]
     implied = PixArtConfig().resolved(release(name).name)
