@@ -80,3 +80,39 @@ def test_pipeline_parallel_is_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         check_layout(cfg, ParallelDims(pp=2, dp_shard=1, world_size=2))
     assert "cannot be pipelined" in str(err.value) and "parallel.pp 1" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def t5_shards(tmp_path_factory):
+    """`dit extract` of 8 captioned 16 px images with a tiny VAE and a tiny T5 (32 wide, 120 tokens)."""
+    pytest.importorskip("transformers")
+    from dit_trainer.cli import main
+    from tests.text_helpers import save_tiny_t5, write_captioned_folder
+    from tests.train.trainer_helpers import save_tiny_vae
+
+    root = tmp_path_factory.mktemp("t5_shards")
+    write_captioned_folder(root / "images", count=8)
+    assert main(["extract", "--data-path", str(root / "images"), "--vae", save_tiny_vae(root / "vae"),
+                 "--image-size", "16", "--out", str(root / "shards"), "--workers", "0", "--no-progress",
+                 "--text-encoder", save_tiny_t5(root / "t5")]) == 0
+    return root / "shards"
+
+
+def test_pixart_trains_on_extracted_captions(t5_shards, tmp_path):
+    """Shards from `dit extract --text-encoder` give the model its caption width, and the dropped rows are
+    the shards' null caption (the encoding of "")."""
+    from dit_trainer.data.text_shards import open_shards
+
+    # No text_hidden_size and no input size: the shards give them.
+    model = {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4}
+    d = {"output_dir": str(tmp_path / "run"), "model": model,
+         "data": {"path": str(t5_shards), "num_workers": 0, "caption_dropout_prob": 0.5},
+         "train": {"max_steps": 2, "global_batch_size": 8, "mixed_precision": "fp32", "device": "cpu"},
+         "logging": {"log_steps": 1, "tensorboard": False, "progress": False}}
+    trainer = DiTTrainer(d)
+    assert trainer.cfg.model.options["text_hidden_size"] == 32 and trainer.cfg.data.text_max_length == 120
+    assert trainer.cfg.model.input_size == 8
+    dropped = DroppedRows(trainer)
+    assert trainer.train()["loss"] > 0
+    null = open_shards(t5_shards).null_text()["text_embeds"].float()
+    assert torch.equal(trainer.condition.null["text_embeds"], null) and sum(map(len, dropped.steps)) > 0

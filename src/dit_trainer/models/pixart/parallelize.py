@@ -5,9 +5,9 @@ reads the caption, which a stage split would have to carry beside the image toke
 import torch.nn as nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from dit_trainer.models.dit.parallelize import units
 from dit_trainer.parallel.parallelize import parallelize_units
 from dit_trainer.parallel.tp import apply_tp_plan, check_tp_divides, regroup_fused_rows
-from dit_trainer.parallel.utils import module_list
 
 # Column-wise in, row-wise out, per attention and per MLP: one all-reduce each. Cross-attention
 # splits its heads like self-attention (q by rows, the fused [k | v] by rows regrouped per rank).
@@ -22,11 +22,6 @@ TP_PLAN = {
     "mlp.fc1": ColwiseParallel(),
     "mlp.fc2": RowwiseParallel(),
 }
-
-
-def units(model: nn.Module) -> list:
-    """The repeated blocks."""
-    return module_list(model.blocks)
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
