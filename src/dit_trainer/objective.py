@@ -6,9 +6,8 @@ which reads `cfg.objective` ("diffusion" when absent). Implementations live in t
 module imports no torch and no objective package.
 """
 
-import importlib
-
 from dit_trainer.errors import ConfigError
+from dit_trainer.lazy import register_target, resolve
 
 
 class Objective:
@@ -82,24 +81,12 @@ _FACTORIES = {
 
 def register_objective(name: str, target: str) -> None:
     """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted)."""
-    if ":" not in target:
-        raise ValueError(f"objective target {target!r} must read 'module:attr'")
-    if name in _FACTORIES and _FACTORIES[name] != target:
-        raise ValueError(f"objective {name!r} is already registered as {_FACTORIES[name]}")
-    _FACTORIES[name] = target
+    register_target(_FACTORIES, name, target, "objective")
 
 
 def list_objectives() -> list:
     """Names `cfg.objective` may take."""
     return list(_FACTORIES)
-
-
-def _resolve(target: str):
-    module_name, attr = target.split(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def build_objective(cfg):
@@ -110,4 +97,4 @@ def build_objective(cfg):
                           "dit_trainer.config.build_config, or set `objective:` to one of " + ", ".join(_FACTORIES))
     if name not in _FACTORIES:
         raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
-    return _resolve(_FACTORIES[name])(cfg)
+    return resolve(_FACTORIES[name])(cfg)

@@ -1,5 +1,6 @@
-"""Every layout trains the tiny DiT to the single-process losses and weights, and DCP checkpoints
-written on 2 ranks resume on 1 and on 4 ranks (other layouts) to the uninterrupted run."""
+"""Every layout trains the tiny DiT (and SiT, Large-DiT, PixArt) to the single-process losses and weights,
+and DCP checkpoints written on 2 ranks resume on 1 and on 4 ranks (other layouts) to the uninterrupted run;
+PixArt's caption dropout replaces the same rows on every layout."""
 
 import shutil
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from tests.parallel._common import (LAYOUTS_2, LAYOUTS_4, ROUTING, STEPS, deterministic, final_weights, launch,
-                                    read_losses, reference_of)
+                                    read_dropped, read_losses, reference_of)
 from tests.parallel._common import train_one_process as _single_process
 
 pytestmark = pytest.mark.distributed
@@ -32,6 +33,7 @@ def runs(tmp_path_factory):
         _single_process(out / "ldit_reference", kind="ldit")
         _single_process(out / "routed_reference", train=ROUTING)
         _single_process(out / "ldit_routed_reference", kind="ldit", train=ROUTING)
+        _single_process(out / "pixart_reference", kind="pixart")
     launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
     resume = ",".join(f"{name}={out / src / 'checkpoints' / 'step-00000005'}" for name, src in RESUME_4)
     launch(4, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_4), "--resume", resume)
@@ -40,6 +42,9 @@ def runs(tmp_path_factory):
         (run / "checkpoints").mkdir(parents=True)
         shutil.copytree(out / src / "checkpoints" / "step-00000005", run / "checkpoints" / "step-00000005")
         _single_process(run)  # DCP shards of 2 ranks, loaded by one process
+    run = out / "resume_single_pixart_fsdp"
+    shutil.copytree(out / "pixart_fsdp" / "checkpoints" / "step-00000005", run / "checkpoints" / "step-00000005")
+    _single_process(run, kind="pixart")
     return out
 
 
@@ -76,3 +81,16 @@ def test_resume_on_four_ranks(runs, layout, source):
 def test_resume_two_ranks_on_one(runs, source):
     ref = read_losses(runs / "reference")
     _assert_losses_match(read_losses(runs / f"resume_single_{source}"), ref, range(6, STEPS + 1))
+
+
+def test_pixart_two_ranks_resume_on_one(runs):
+    ref = read_losses(runs / "pixart_reference")
+    _assert_losses_match(read_losses(runs / "resume_single_pixart_fsdp"), ref, range(6, STEPS + 1))
+
+
+@pytest.mark.parametrize("layout", ["pixart_fsdp", "pixart_tp"])
+def test_caption_dropout_drops_the_same_rows(runs, layout):
+    """The rows replaced by the null caption are the single process's, whichever rank holds them."""
+    ref = read_dropped(runs / "pixart_reference")
+    assert len(ref) == STEPS and 0 < sum(map(len, ref)) < STEPS * 8  # dropout at 0.5 drops some rows, not all
+    assert read_dropped(runs / layout) == ref

@@ -109,6 +109,9 @@ _TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "
     _TINY_DIT,
     {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "input_size": 8},
     *[{**_TINY_DIT, **o} for o in BLOCK_OPTIONS],
+    # Cross-attention over the release's 120 caption tokens, more than the 16 image tokens.
+    {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4, "text_hidden_size": 16,
+     "input_size": 8},
 ])
 def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
     """float32, so the count does not depend on the CPU's bf16 support; the fused SDPA path's extras included."""
@@ -128,8 +131,13 @@ def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
         return t
 
     b = 3
+    x, t = torch.randn(b, 4, 8, 8), torch.randint(0, 1000, (b,))
+    # A text family takes the caption its condition_keys name; the rest a class label.
+    text = "text_embeds" in getattr(net, "condition_keys", ())
+    cond = ({"text_embeds": torch.randn(b, 120, net.caption_channels), "text_mask": torch.ones(b, 120, dtype=torch.long)}
+            if text else {"y": torch.randint(0, 10, (b,))})
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        net(torch.randn(b, 4, 8, 8), torch.randint(0, 1000, (b,)), torch.randint(0, 10, (b,)))
+        net(x, t, **cond)
     costs = spec.costs_fn(cfg)
     predicted = b * costs.tokens * (costs.saved["none"] + costs.fused_attention).nbytes(4)
     # The norms' per-token statistics (a few floats) are not counted.

@@ -80,6 +80,10 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     from dit_trainer.sample.guidance import Guidance
 
     device = torch.device(device)
+    keys = tuple(getattr(model, "condition_keys", ("y",)))
+    if keys != ("y",):  # a caption-conditioned family: its rows come from prompts, not class labels
+        raise ConfigError(f"this model takes {', '.join(keys)}, not class labels; sampling it from prompts is not "
+                          "supported yet")
     objective = as_objective(objective_or_cfg, model)
     if compile:
         from dit_trainer.sample.compile import compile_model

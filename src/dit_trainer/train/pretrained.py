@@ -31,6 +31,11 @@ def _recorded(reader, given_name, user_options: dict, source) -> dict:
     """The model keys a checkpoint's config.yaml records, checked against the user's name and options."""
     model = reader.config().model
     if given_name and get_spec(given_name).name != get_spec(model.name).name:
+        mine = get_spec(given_name)
+        if mine.adopt_weights_fn is not None and mine.family != get_spec(model.name).family:
+            # Another family's run: its weights file is read off the tensors, which the family can start from.
+            raise ConfigError(f"model.name is {given_name} but {source} is a {model.name} run; to start from its "
+                              f"weights set model.weights_path to its weights file, {reader.path / 'ema.safetensors'}")
         raise ConfigError(f"model.name is {given_name} but {source} holds a {model.name}; leave model.name out "
                           "(the weights decide it) or set it to that")
     for key, value in user_options.items():
@@ -113,6 +118,8 @@ def load_pretrained(model, spec, state_dict: dict, source, log: bool = True) -> 
     from dit_trainer.checkpoint import load_into
     from dit_trainer.repa.attach import fit_projector
 
+    if spec.adopt_weights_fn is not None:  # another family's weights of this shape (a PixArt from a DiT)
+        state_dict = spec.adopt_weights_fn(model, state_dict, source, log=log)
     state_dict = fit_projector(model, state_dict)
     key = spec.label_embedding
     want = model.state_dict().get(key)

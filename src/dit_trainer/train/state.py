@@ -53,6 +53,7 @@ def build_loader(trainer):
     cfg, dims = trainer.cfg, trainer.dims
     if trainer.dataset is None:
         trainer.dataset = build_dataset(cfg)
+        trainer.condition.bind(trainer.dataset, trainer.device)
     if trainer.alignment is not None:
         trainer.alignment.check_data(trainer.dataset)
     shape = getattr(trainer.dataset, "latent_shape", None)

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.checkpoint.checkpointer import Checkpointer
+from dit_trainer.condition import build_condition
 from dit_trainer.config import backend_of, build_config, config_yaml, save_config
 from dit_trainer.data.loader import DataShapes
 from dit_trainer.devices import enable_tf32, resolve_device
@@ -86,6 +87,11 @@ class DiTTrainer:
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
         if self.flops_per_image is not None and self.alignment is not None:  # the projector's and the encoder's
             self.flops_per_image += self.alignment.flops_per_image(model)
+        # What the model is conditioned on (class labels, captions): read from each batch, dropped for guidance.
+        self.condition = build_condition(cfg, self.spec, model)
+        self.condition.check_config(cfg)
+        if self.dataset is not None:
+            self.condition.bind(self.dataset, self.device)
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.latent_stats = device_stats(cfg.data, self.device)  # None unless latents are normalised per channel
         compiled = cfg.train.compile == "true"
@@ -178,25 +184,26 @@ class DiTTrainer:
     # -- one step ------------------------------------------------------------------------
 
     def _prepare(self, batch):
-        """This rank's (x, y) on the device, and its slice of the global batch's randomness.
+        """This rank's x and condition (the model's keyword arguments, dropped rows made unconditional)
+        on the device, and its slice of the global batch's randomness.
 
-        The objective's draws, the label-dropout mask and the token routing (when on) are drawn for
-        the whole global batch on the CPU, in that order; the order is part of the contract that
+        The objective's draws, the condition's dropout mask and the token routing (when on) are drawn
+        for the whole global batch on the CPU, in that order; the order is part of the contract that
         resume and parity replay.
         """
-        x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
+        x = batch["x"] if isinstance(batch, dict) else batch[0]
         x = normalize(x.to(self.device, dtype=torch.float32, non_blocking=True), self.latent_stats)
-        y = y.to(self.device, dtype=torch.long, non_blocking=True)
+        cond = self.condition.inputs(batch, self.device)
         local = x.shape[0]
         n, lo = local * self.dims.dp_size, self.dims.dp_rank * local
         draws = self.objective.draw(n, self.sample_shape, self.generator, torch.device("cpu"))
-        drop = (torch.rand(n, generator=self.generator) < self.cfg.model.class_dropout_prob).long()
+        drop = self.condition.draw_drop(n, self.generator)
         draws = {k: self._to_device(v[lo:lo + local]) for k, v in draws.items()}
         # Routing off draws nothing: the generator's stream stays the release's.
         route = self.routing.draw(n, self.generator).part(slice(lo, lo + local), self._to_device) if self.routing else None
         if self.alignment is not None:  # the encoder's targets of this rank's images: no randomness
             self.alignment.add_targets(batch, x, draws)
-        return x, y, draws, self._to_device(drop[lo:lo + local]), route
+        return x, self.condition.drop(cond, self._to_device(drop[lo:lo + local])), draws, route
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -207,9 +214,9 @@ class DiTTrainer:
     def queue_step(self, batch) -> torch.Tensor:
         """One optimizer step on this rank's share of a global batch, without waiting for its results
         where the device can check them itself; returns the rank's loss (a device tensor)."""
-        x, y, draws, drop, route = self._prepare(batch)
+        x, cond, draws, route = self._prepare(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward.loss_and_grads(x, y, draws, drop, route)
+        loss = self.forward_backward.loss_and_grads(x, cond, draws, route)
         self.update.apply_or_skip(loss, stop=self._stop is not None, done=self.step)
         self.step += 1
         return loss
