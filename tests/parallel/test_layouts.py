@@ -34,7 +34,10 @@ def runs(tmp_path_factory):
         _single_process(out / "routed_reference", train=ROUTING)
         _single_process(out / "ldit_routed_reference", kind="ldit", train=ROUTING)
         _single_process(out / "pixart_reference", kind="pixart")
-    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2))
+    from tests.text_encoders._shard_check import write_assets
+
+    text = write_assets(out / "text-check-assets")
+    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2), "--text-check", text)
     resume = ",".join(f"{name}={out / src / 'checkpoints' / 'step-00000005'}" for name, src in RESUME_4)
     launch(4, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_4), "--resume", resume)
     for src in RESUME_1:
@@ -94,3 +97,16 @@ def test_caption_dropout_drops_the_same_rows(runs, layout):
     ref = read_dropped(runs / "pixart_reference")
     assert len(ref) == STEPS and 0 < sum(map(len, ref)) < STEPS * 8  # dropout at 0.5 drops some rows, not all
     assert read_dropped(runs / layout) == ref
+
+
+def test_sharded_text_encoder_encodes_what_the_whole_one_does(runs):
+    """Online captions under FSDP: the frozen T5 is sharded over the two ranks (each holds about half of it) and
+    encodes what the whole encoder encodes, when one rank has more captions than the other and when one
+    rank's share of a batch is already in the latent cache (its encoder calls join the other's)."""
+    import json
+
+    for rank in range(2):
+        result = json.loads((runs / f"text-check-{rank}.json").read_text())
+        assert result["encode_diff"] <= 1e-6 and result["rows"] == (40 if rank == 0 else 5), result
+        assert result["local_params"] <= 0.6 * result["total_params"], result
+        assert result["stage_sharded"] and result["stage_diff"] == 0 and result["stage_rows"] == 2, result
