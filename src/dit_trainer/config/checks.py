@@ -247,6 +247,3 @@ def check_validation(cfg) -> None:
     if split and cfg.data.val_path:
         raise ConfigError(f"data.val_split {split} and data.val_path {cfg.data.val_path} both name held-out data; "
                           "set one of them")
-    prompts = cfg.logging.validation_prompts
-    if prompts is not None and (not prompts or not all(isinstance(p, str) for p in prompts)):
-        raise ConfigError(f"logging.validation_prompts is {prompts!r}; it must be a list of prompts (strings)")

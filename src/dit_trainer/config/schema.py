@@ -128,7 +128,7 @@ class LoggingConfig:
     sample_cfg_scale: float = 4.0  # guidance scale of the training-time grid, >= 1
     samples_per_class: int = 1  # grid samples per class
     sample_classes: Optional[list] = None  # grid classes; None: up to 10 spread over the label range
-    validation_prompts: Optional[list] = None  # text-conditioned models: the grid's prompts, encoded once by data.text_encoder; None: the first 8 held-out captions
+    validation_prompts: Optional[str] = None  # text-conditioned models: a text file of the grid's prompts, one per line (as dit sample --prompts), encoded once by data.text_encoder; None: the first 8 held-out captions
     mfu: bool = False  # log model FLOPs utilisation (measures the peak at start unless peak_tflops is set)
     peak_tflops: float = 0.0  # peak TFLOP/s of one device for MFU (e.g. 989 for an H100 in bf16); 0 measures it
     wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline works offline)

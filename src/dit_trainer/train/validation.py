@@ -11,7 +11,7 @@ once, the loss at fixed noise levels on them, and the rows the validation grid a
   `Objective.validation_loss` with unit weights. Nothing is random, so the number moves with the weights
   alone: comparable across steps, resumes and layouts. Logged as `val_loss` (the mean over the levels)
   and `val_loss_t0` .. `val_loss_t7` (the data's end to the noisiest), every `eval.val_every` steps.
-- The grid's rows: `logging.validation_prompts` encoded once by the text encoder, else the first held-out
+- The grid's rows: the prompts of `logging.validation_prompts` (a text file) encoded once, else the first held-out
   captions (a condition with `grid_from_rows`); class-conditional grids stay the class labels'.
 """
 
@@ -167,6 +167,19 @@ class ValidationLoss:
         return {"val_loss": float(per_level.mean()), **{f"val_loss_t{j}": float(v) for j, v in enumerate(per_level)}}
 
 
+def read_prompts(path) -> list:
+    """The prompts of a text file, one per line (blank lines skipped); one line for a file that has none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            prompts = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"logging.validation_prompts {path}: cannot read it ({type(err).__name__}); name a UTF-8 "
+                          "text file with one prompt per line") from None
+    if not prompts:
+        raise ConfigError(f"logging.validation_prompts {path} holds no prompt; write one per line")
+    return prompts
+
+
 def grid_rows(cfg, condition, held: Optional[HeldOut], device, main: bool):
     """The grid's rows (the model's keyword arguments) on rank 0: `logging.validation_prompts` encoded by the
     text encoder, else the first held-out rows; None for a class-conditional grid (its labels) and elsewhere."""
@@ -187,6 +200,7 @@ def grid_rows(cfg, condition, held: Optional[HeldOut], device, main: bool):
     if not cfg.data.text_encoder:
         raise ConfigError("logging.validation_prompts are encoded by the run's text encoder, and data.text_encoder "
                           "is not set; set it to the encoder the captions were encoded with")
+    prompts = read_prompts(prompts)
     from dit_trainer.text_encoders import load_text_encoder
 
     # Encoded once, by an encoder of its own on this rank (the training data's may be sharded or absent).
