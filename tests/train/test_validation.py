@@ -116,6 +116,15 @@ def test_what_has_no_held_out_data_is_one_line(tmp_path, sections, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_clip_score_is_for_text_models():
+    from dit_trainer.condition import ClassCondition
+    from dit_trainer.train.eval_prompts import PromptSet
+
+    cfg = build_config({"eval": {"every": 1, "clip_model": "clip"}})
+    with pytest.raises(ConfigError, match="eval.clip_model scores samples against their captions"):
+        PromptSet.for_run(cfg, ClassCondition(10), None, "cpu")
+
+
 def test_prompts_are_for_text_models(tmp_path):
     (tmp_path / "prompts.txt").write_text("a cat\n")
     cfg = tiny_config(tmp_path / "run", train={"max_steps": 1}, logging={"validation_prompts": str(tmp_path / "prompts.txt")})
@@ -146,3 +155,36 @@ def test_the_grid_draws_held_out_captions_and_prompts(runs, tmp_path):
     trainer.validation.rows = rows
     with Image.open(trainer.save_sample_grid(tmp_path / "prompts.png")) as im:
         assert im.size == (2 + 10, 2 + 3 * 10)
+
+
+def test_fid_samples_held_out_captions_against_their_images_with_clip_score(runs, tmp_path, monkeypatch):
+    """FID of a text-conditioned model: its held-out captions sampled (each as often, in chunks of fixed seeds),
+    against those captions' images; with a local CLIP folder, their CLIP score too."""
+    import copy
+    import dataclasses
+
+    import numpy as np
+
+    from dit_trainer.train.eval_during_training import TrainingFID
+    from tests.text_helpers import WORDS, save_tiny_clip_model
+
+    _, trainer = runs
+    cfg = copy.deepcopy(trainer.cfg)
+    cfg.output_dir = str(tmp_path / "run")
+    cfg.eval.every, cfg.eval.num_samples, cfg.eval.sample_batch_size, cfg.eval.sample_steps = 1, 6, 4, 2
+    cfg.eval.network, cfg.eval.clip_model = "digits", save_tiny_clip_model(tmp_path / "clip")
+    held = trainer.validation.held
+    monkeypatch.setattr(trainer, "cfg", cfg)
+    # TinyCaptions keeps encodings only: CLIP score needs the captions' text, which one line asks for.
+    with pytest.raises(ConfigError, match="needs the held-out captions' text") as err:
+        TrainingFID.for_run(trainer)
+    assert "\n" not in str(err.value)
+    trainer.validation.prompt_set = dataclasses.replace(held, captions=[f"a {w}" for w in WORDS[:len(held)]])
+    fid = TrainingFID.for_run(trainer)
+    a = fid.measure(trainer.ema_model(), trainer.objective, 2)
+    b = fid.measure(trainer.ema_model(), trainer.objective, 2)
+    assert a["fid"] == b["fid"] > 0 and a["clip_score"] == b["clip_score"] and 0 <= a["clip_score"] <= 100
+    record = json.loads((tmp_path / "run" / "eval" / "reference.json").read_text())
+    assert record["held_out"] == 8 and record["network"] == "digits"
+    with np.load(tmp_path / "run" / "eval" / "reference.npz") as z:
+        assert z["features"].shape == (8, 64)  # the 8 held-out images, not the training set
