@@ -193,10 +193,12 @@ def grid_rows(cfg, condition, held: Optional[HeldOut], device, main: bool):
         raise ConfigError(f"logging.image_steps {cfg.logging.image_steps}: the grid of a text-conditioned model draws "
                           "logging.validation_prompts or held-out captions, and the run has neither; list prompts "
                           "or hold captions out (data.val_split, data.val_path)")
-    if not main or not cfg.logging.image_steps:
+    if not main:
         return None
     if not prompts:
-        return held.take(range(min(GRID_ROWS, len(held))))[1]
+        return held.take(range(min(GRID_ROWS, len(held))))[1] if held is not None else None
+    if not cfg.logging.image_steps:
+        return None  # loading the text encoder for a grid nobody draws
     if not cfg.data.text_encoder:
         raise ConfigError("logging.validation_prompts are encoded by the run's text encoder, and data.text_encoder "
                           "is not set; set it to the encoder the captions were encoded with")
@@ -257,8 +259,9 @@ def draw_grid(trainer, model, path, **kwargs):
     validation = getattr(trainer, "validation", None)
     rows = validation.rows if validation is not None else None
     if rows is None and trainer.condition.grid_from_rows:
-        raise ConfigError(f"{trainer.cfg.model.name} is text-conditioned: its grid draws logging.validation_prompts or "
-                          "held-out captions, read when training starts (train() first)")
+        raise ConfigError(f"{trainer.cfg.model.name} is text-conditioned: its grid draws logging.validation_prompts "
+                          "(with logging.image_steps) or held-out captions, which train() reads when it starts, and "
+                          "there are none")
     if rows is None:
         from dit_trainer.sample import sample_grid
 
