@@ -15,6 +15,8 @@ from dit_trainer.errors import ConfigError  # noqa: E402
 
 PROMPTS = ["a cat", "two dogs"]
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):

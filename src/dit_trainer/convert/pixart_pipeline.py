@@ -125,7 +125,9 @@ def call_notes(bundle: Bundle) -> list:
     pipeline = pipeline_class(bundle.model)
     size = int(bundle.model["input_size"])
     args = ["num_inference_steps=N (N dividing the scheduler's 1000 steps)", "generator=torch.Generator().manual_seed(SEED)"]
-    length = bundle.text_max_length or MAX_SEQUENCE_LENGTH[pipeline]
+    from dit_trainer.text_encoders.encoder import KINDS
+
+    length = bundle.text_max_length or KINDS["t5"][1]  # 0 or None: what the encoder was loaded with, T5's default
     if length != MAX_SEQUENCE_LENGTH[pipeline]:
         args.append(f"max_sequence_length={length}")
     if size not in BINNED_SIZES[pipeline]:
