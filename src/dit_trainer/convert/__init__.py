@@ -33,9 +33,12 @@ def _read(fmt, src, model, vae, num_heads, convention) -> Bundle:
 
         return run_folder.read(src, model, vae)
     if fmt in ("diffusers", "ppdiffusers"):
-        from dit_trainer.convert import hf_diffusers, ppdiffusers_fmt
+        from dit_trainer.convert import hf_diffusers, pixart_pipeline, ppdiffusers_fmt
 
-        bundle = (hf_diffusers if fmt == "diffusers" else ppdiffusers_fmt).read(src, convention)
+        if fmt == "diffusers" and pixart_pipeline.is_pixart_folder(src):
+            bundle = pixart_pipeline.read(src)
+        else:
+            bundle = (hf_diffusers if fmt == "diffusers" else ppdiffusers_fmt).read(src, convention)
         if vae:
             bundle.vae = vae
         return bundle
@@ -53,7 +56,9 @@ def write(fmt, bundle: Bundle, out, overwrite: bool = False):
     if fmt == "ours":
         from dit_trainer.convert import run_folder as mod
     elif fmt == "diffusers":
-        from dit_trainer.convert import hf_diffusers as mod
+        from dit_trainer.convert import hf_diffusers, pixart_pipeline
+
+        mod = pixart_pipeline if pixart_pipeline.is_pixart(bundle.model) else hf_diffusers
     elif fmt == "ppdiffusers":
         from dit_trainer.convert import ppdiffusers_fmt as mod
     else:

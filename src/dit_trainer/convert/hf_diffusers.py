@@ -111,13 +111,9 @@ def load_vae_model(bundle: Bundle, pipeline: str = "DiTPipeline"):
 
 
 def write(bundle: Bundle, out) -> Path:
-    """Export `bundle` as a diffusers DiTPipeline folder at `out` (a PixArt as its PixArt pipeline's)."""
+    """Export `bundle` as a diffusers DiTPipeline folder at `out`."""
     from safetensors.torch import save_file
 
-    from dit_trainer.convert import pixart_pipeline
-
-    if pixart_pipeline.is_pixart(bundle.model):
-        return pixart_pipeline.write(bundle, out)
     out = Path(out)
     tcfg = transformer_config(bundle.model, "DiTTransformer2DModel")
     check_pos_embed(bundle)
@@ -136,18 +132,11 @@ def write(bundle: Bundle, out) -> Path:
     return out
 
 
-def read(src, convention="diffusers") -> Bundle:
-    """A Bundle from a diffusers DiTPipeline or PixArt pipeline folder (or its transformer/ folder alone)."""
+def transformer_tensors(root, tdir) -> dict:
+    """The tensors of a pipeline's transformer folder `tdir` (every .safetensors file), in diffusers' names."""
     from dit_trainer.checkpoint.files import load_safetensors
 
-    from dit_trainer.convert import pixart_pipeline
-
-    root = Path(src)
-    tdir = transformer_dir(src, "diffusers")
-    tcfg = read_json(tdir / "config.json")
-    pixart = tcfg.get("_class_name") == pixart_pipeline.TRANSFORMER
-    model = None if pixart else model_from_transformer_config(tcfg, tdir / "config.json", convention)
-    files = sorted(tdir.glob("*.safetensors"))
+    files = sorted(Path(tdir).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{tdir} holds no .safetensors weights; re-save the pipeline with safe_serialization=True")
     sd = {}
@@ -156,8 +145,16 @@ def read(src, convention="diffusers") -> Bundle:
             sd.update(load_safetensors(f))
         except CheckpointError as err:  # truncated or garbled: one line, and what to do
             raise CheckpointError(f"{err}; download or save {root} again") from None
-    if pixart:
-        return pixart_pipeline.read(root, tdir, tcfg, sd)
+    return sd
+
+
+def read(src, convention="diffusers") -> Bundle:
+    """A Bundle from a diffusers DiTPipeline folder (or its transformer/ folder alone)."""
+    root = Path(src)
+    tdir = transformer_dir(src, "diffusers")
+    tcfg = read_json(tdir / "config.json")
+    model = model_from_transformer_config(tcfg, tdir / "config.json", convention)
+    sd = transformer_tensors(root, tdir)
     vae_dir = root / "vae"
     return pipeline_bundle(root, tdir, model, sd, str(vae_dir) if vae_dir.is_dir() else None)
 

@@ -34,6 +34,16 @@ def is_pixart(model: dict) -> bool:
         return False
 
 
+def is_pixart_folder(src) -> bool:
+    """Whether `src` is a diffusers folder (a pipeline's, or its transformer/) holding a PixArtTransformer2DModel."""
+    for config in (Path(src) / "transformer" / "config.json", Path(src) / "config.json"):
+        if config.is_file():
+            from dit_trainer.convert.pipeline_folder import read_json
+
+            return read_json(config).get("_class_name") == TRANSFORMER
+    return False
+
+
 def pipeline_class(model: dict) -> str:
     """The diffusers pipeline of a PixArt model-config dict: PixArtSigmaPipeline for a Sigma, else alpha's."""
     from dit_trainer.models.pixart.sizes import release
@@ -170,15 +180,18 @@ def model_from_config(cfg: dict, version: str, source) -> dict:
     return model
 
 
-def read(root, tdir, tcfg: dict, sd: dict) -> Bundle:
+def read(src) -> Bundle:
     """A Bundle from a PixArt pipeline folder (or its transformer/ alone): our weights, the folder's text
     encoder, VAE and scheduler."""
-    from dit_trainer.convert.hf_diffusers import bundle_latent_stats
+    from dit_trainer.convert.hf_diffusers import bundle_latent_stats, transformer_tensors
     from dit_trainer.convert.model_config import check_fits
-    from dit_trainer.convert.pipeline_folder import diffusion_from_scheduler, read_json
+    from dit_trainer.convert.pipeline_folder import diffusion_from_scheduler, read_json, transformer_dir
     from dit_trainer.models.pixart.state_dict import from_diffusers
 
-    root = Path(root)
+    root = Path(src)
+    tdir = transformer_dir(src, "diffusers")
+    tcfg = read_json(tdir / "config.json")
+    sd = transformer_tensors(root, tdir)
     index = read_json(root / "model_index.json") if (root / "model_index.json").is_file() else {}
     pipeline = index.get("_class_name", "PixArtAlphaPipeline")
     version = "Sigma" if pipeline == "PixArtSigmaPipeline" else "alpha"
