@@ -118,7 +118,7 @@ class DiTPipeline:
             return self.get_label_ids(class_labels)
         if class_labels is not None:
             raise ConfigError("this model is text-conditioned; pass prompt= (a string or a list), not class_labels=")
-        from dit_trainer.sample.prompts import check_prompts
+        from dit_trainer.sample.prompt_text import check_prompts
 
         return check_prompts(prompt)
 

@@ -86,11 +86,11 @@ def given_of(args) -> dict:
 def prompts_of(args):
     """The prompts a sampling command was given (`--prompt TEXT ...` or `--prompts FILE`), as a tuple, or None."""
     if getattr(args, "prompt", None):
-        from dit_trainer.sample.prompts import check_prompts
+        from dit_trainer.sample.prompt_text import check_prompts
 
         return tuple(check_prompts(args.prompt))
     if getattr(args, "prompts_file", None):
-        from dit_trainer.sample.prompts import read_prompts
+        from dit_trainer.sample.prompt_text import read_prompts
 
         return read_prompts(args.prompts_file)
     return None
