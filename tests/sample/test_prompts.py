@@ -120,30 +120,49 @@ def test_sample_prompt_grid_and_npz(text_run, tmp_path):
         assert f["arr_0"].shape == (6, 16, 16, 3) and sorted(f["arr_1"].tolist()) == [0, 0, 1, 1, 2, 2]
 
 
-def test_sample_ddp_over_a_prompt_file(text_run, tmp_path, capsys):
-    """One process: the prompts covered evenly, the chunks those of the library call, the prompts recorded."""
-    from dit_trainer.sample.fid_batch import chunk_seed
-
-    run, model, cfg, encoder = text_run
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("a cat\ntwo dogs\none digit\n")
-    args = ["sample-ddp", "--ckpt", run, "--prompts", str(prompts), "--npz", str(tmp_path / "f.npz"), "--num-samples",
-            "6", "--batch-size", "3", "--sampler", "ddim", "--steps", "2", "--no-progress", "--device", "cpu"]
-    assert main(args) == 0
-    with np.load(tmp_path / "f.npz") as f:
-        images, labels = f["arr_0"], f["arr_1"]
-    assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
+def test_sample_ddp_over_a_prompt_file(text_run, tmp_path, monkeypatch, capsys):
+    """One process: the prompts covered evenly, the chunks those of the library call; an interrupted batch
+    resumes to the same images, and another prompt file over its chunks is refused in one line."""
+    import dit_trainer.sample.fid_batch as writer
     from dit_trainer.sample.decode import load_decoder, to_images
     from dit_trainer.sample.images import adm_images
     from dit_trainer.sample.prompts import sample_prompts
 
+    run, model, cfg, encoder = text_run
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\ntwo dogs\none digit\n")
+
+    def ddp(npz):
+        return main(["sample-ddp", "--ckpt", run, "--prompts", str(prompts), "--npz", str(tmp_path / npz),
+                     "--num-samples", "6", "--batch-size", "3", "--sampler", "ddim", "--steps", "2", "--no-progress",
+                     "--device", "cpu"])
+
+    assert ddp("f.npz") == 0
+    with np.load(tmp_path / "f.npz") as f:
+        images, labels = f["arr_0"], f["arr_1"]
+    assert sorted(labels.tolist()) == [0, 0, 1, 1, 2, 2]
     names = ["a cat", "two dogs", "one digit"]
     first = sample_prompts(model, cfg, None, encoder, [names[i] for i in labels[:3]], cfg_scale=1.5, sampler="ddim",
-                           steps=2, seed=chunk_seed(0, 0))
+                           steps=2, seed=writer.chunk_seed(0, 0))
     assert np.array_equal(adm_images(to_images(first, *load_decoder(cfg))), images[:3])
+    save = writer._save_chunk
+
+    def stop_after_one(path, *chunk):
+        save(path, *chunk)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer, "_save_chunk", stop_after_one)
+    assert ddp("again.npz") == 130
+    monkeypatch.setattr(writer, "_save_chunk", save)
     prompts.write_text("a cat\ntwo dogs\none digit\nred\n")
-    assert main(args) == 2  # another prompt set is another batch, not the one the .npz holds
-    assert "prompts_sha256" in capsys.readouterr().err
+    capsys.readouterr()
+    assert ddp("again.npz") == 2  # another prompt set is another batch, not the one the chunks began
+    err = capsys.readouterr().err.strip()
+    assert "prompts_sha256" in err and "num_prompts 3 then, 4 now" in err and "\n" not in err
+    prompts.write_text("a cat\ntwo dogs\none digit\n")
+    assert ddp("again.npz") == 0
+    with np.load(tmp_path / "again.npz") as f:
+        assert np.array_equal(f["arr_0"], images)
 
 
 @pytest.fixture(scope="module")
