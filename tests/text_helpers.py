@@ -159,3 +159,26 @@ def tar_bytes(members) -> bytes:
 def webdataset_members(items) -> list:
     """The (name, bytes) members of a webdataset shard of (key, png bytes, caption) items."""
     return [m for key, png, caption in items for m in ((f"{key}.png", png), (f"{key}.txt", caption.encode()))]
+
+
+def save_tiny_pixart_run(folder, vae, text_encoder, seed: int = 0, std: float = 0.1,
+                         name: str = "PixArt-alpha-XL/2-256", **options) -> str:
+    """A checkpoint folder of a random tiny PixArt (2 blocks, 48 wide, 8x8x4 latents) whose captions are
+    `text_encoder`'s (32 wide: the tiny T5's), decoded by `vae`, as `dit convert --to ours` writes one; every
+    weight drawn N(0, std^2) so that no zero-initialised layer hides a mistake. Returns the folder."""
+    import torch
+
+    from dit_trainer.convert import Bundle, write
+    from dit_trainer.convert.model_config import build_dit
+
+    model = {"name": name, "input_size": 8, "in_channels": 4, "learn_sigma": True, "depth": 2, "hidden_size": 48,
+             "num_heads": 2, "text_hidden_size": 32, **options}
+    net = build_dit(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, p in net.named_parameters():
+            if key != "pos_embed":
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    bundle = Bundle(state_dict=net.state_dict(), model=model, vae=str(vae), scaling_factor=0.5,
+                    text_encoder=str(text_encoder))
+    return str(write("ours", bundle, folder))

@@ -165,6 +165,7 @@ class SampleConfig:
     ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel at the checkpoint's step, rebuilt from the train.phema_stds snapshots (as dit ema does) when missing; None: the checkpoint's ema.safetensors
     sampler: Optional[str] = None  # ddpm | ddim (diffusion) or ode | sde (transport); None: the release's (ddpm, ode)
     steps: Optional[int] = None  # sampler steps; None: the sampler's default
+    negative_prompt: Optional[str] = None  # text-to-image: the caption guidance steers away from, in place of the empty caption; None: "" (the null caption, as diffusers' PixArt pipelines)
 
 
 @dataclass

@@ -90,7 +90,7 @@ class PromptSet:
         from dit_trainer.evaluate.features import Features, iter_features
         from dit_trainer.sample import to_images
         from dit_trainer.sample.fid_batch import chunk_labels, chunk_seed
-        from dit_trainer.sample.rows import sample_rows
+        from dit_trainer.sample.sampling import sample_conditioned
 
         ev, seed = self.cfg.eval, self.cfg.train.seed
         rows = chunk_labels(ev.num_samples, len(self.held), seed)  # each caption equally often, seeded order
@@ -101,10 +101,10 @@ class PromptSet:
         def images():
             for c in chunks:
                 index = rows[c * ev.sample_batch_size:(c + 1) * ev.sample_batch_size]
+                cond = {k: v.to(device) for k, v in self.held.take(index)[1].items()}
                 with amp:
-                    latents = sample_rows(model, objective, self.condition, self.held.take(index)[1],
-                                          cfg_scale=ev.cfg_scale, steps=ev.sample_steps, seed=chunk_seed(seed, c),
-                                          device=device)
+                    latents = sample_conditioned(model, objective, self.condition, cond, cfg_scale=ev.cfg_scale,
+                                                 steps=ev.sample_steps, seed=chunk_seed(seed, c), device=device)
                 x = _uint8_rgb(to_images(latents.float(), *decoder, strict=False))
                 if self.clip is not None:
                     scores.append(self.clip.scores(x, [self.held.captions[i] for i in index]))

@@ -167,19 +167,6 @@ class ValidationLoss:
         return {"val_loss": float(per_level.mean()), **{f"val_loss_t{j}": float(v) for j, v in enumerate(per_level)}}
 
 
-def read_prompts(path) -> list:
-    """The prompts of a text file, one per line (blank lines skipped); one line for a file that has none."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            prompts = [line.strip() for line in f if line.strip()]
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"logging.validation_prompts {path}: cannot read it ({type(err).__name__}); name a UTF-8 "
-                          "text file with one prompt per line") from None
-    if not prompts:
-        raise ConfigError(f"logging.validation_prompts {path} holds no prompt; write one per line")
-    return prompts
-
-
 def grid_rows(cfg, condition, held: Optional[HeldOut], device, main: bool):
     """The grid's rows (the model's keyword arguments) on rank 0: `logging.validation_prompts` encoded by the
     text encoder, else the first held-out rows; None for a class-conditional grid (its labels) and elsewhere."""
@@ -199,15 +186,16 @@ def grid_rows(cfg, condition, held: Optional[HeldOut], device, main: bool):
         return held.take(range(min(GRID_ROWS, len(held))))[1] if held is not None else None
     if not cfg.logging.image_steps:
         return None  # loading the text encoder for a grid nobody draws
-    if not cfg.data.text_encoder:
-        raise ConfigError("logging.validation_prompts are encoded by the run's text encoder, and data.text_encoder "
-                          "is not set; set it to the encoder the captions were encoded with")
-    prompts = read_prompts(prompts)
-    from dit_trainer.text_encoders import load_text_encoder
+    import types
 
+    from dit_trainer.sample.prompt_text import read_prompts
+    from dit_trainer.sample.prompts import micro_conditions, run_text_encoder
+
+    prompts = read_prompts(prompts, "logging.validation_prompts")
     # Encoded once, by an encoder of its own on this rank (the training data's may be sharded or absent).
-    encoder = load_text_encoder(cfg.data.text_encoder, cfg.data.text_dtype, device, cfg.data.text_max_length or None)
-    rows = condition.from_prompts(encoder, prompts, "cpu")
+    encoder = run_text_encoder(cfg, device=device)
+    shape = types.SimpleNamespace(condition_keys=condition.keys, input_size=cfg.model.input_size)
+    rows = condition.from_prompts(encoder, prompts, "cpu", **micro_conditions(shape, len(prompts), cfg.data.image_size))
     del encoder
     return rows
 
