@@ -188,3 +188,16 @@ def test_fid_samples_held_out_captions_against_their_images_with_clip_score(runs
     assert record["held_out"] == 8 and record["network"] == "digits"
     with np.load(tmp_path / "run" / "eval" / "reference.npz") as z:
         assert z["features"].shape == (8, 64)  # the 8 held-out images, not the training set
+
+
+def test_an_objective_without_fixed_levels_is_one_line_when_asked():
+    import contextlib
+
+    from dit_trainer.objective import Objective
+    from dit_trainer.parallel.dims import ParallelDims
+    from dit_trainer.train.validation import HeldOut, ValidationLoss
+
+    held = HeldOut(torch.zeros(2, 4, 2, 2), {}, "two samples")
+    with pytest.raises(ConfigError, match="has no fixed noise levels to validate at; set eval.val_every 0") as err:
+        ValidationLoss(held, Objective(), ParallelDims(), "cpu", contextlib.nullcontext, 2, 1)
+    assert "\n" not in str(err.value)

@@ -224,8 +224,13 @@ class Validation:
         loss = None
         if every:
             batch = cfg.train.global_batch_size // dims.dp_size
-            loss = ValidationLoss(held, trainer.objective, dims, trainer.device,
-                                  trainer.forward_backward.forward_context, batch, every)
+            try:
+                loss = ValidationLoss(held, trainer.objective, dims, trainer.device,
+                                      trainer.forward_backward.forward_context, batch, every)
+            except ConfigError:
+                if cfg.eval.val_every is not None:
+                    raise
+                every = 0  # the default cadence of an objective without fixed levels: no validation loss
         rows = grid_rows(cfg, trainer.condition, held, trainer.device, dims.is_main)
         if held is not None and dims.is_main:
             print(f"validation: {held.source}"
