@@ -74,6 +74,27 @@ def save_tiny_clip(folder, seed: int = 0, hidden: int = 32, positions: int = 16,
     return str(folder)
 
 
+def save_tiny_clip_model(folder, seed: int = 0, hidden: int = 32, image_size: int = 32, projection: int = 24) -> str:
+    """A random 2-layer CLIPModel (text and vision towers with projections) with the tiny BPE tokenizer and a
+    CLIP image processor at `image_size`: what CLIP score reads; returns the folder."""
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+
+    (vocab, merges), size = _clip_vocab(os.path.join(str(folder), "_vocab"))
+    torch.manual_seed(seed)
+    text = dict(vocab_size=size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    vision = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=image_size, patch_size=8)
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection)
+    with _quiet():
+        CLIPModel(config).save_pretrained(folder)
+    CLIPTokenizer(vocab, merges).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+                       ).save_pretrained(folder)
+    return str(folder)
+
+
 def save_tiny_gemma2(folder, seed: int = 0, hidden: int = 32) -> str:
     """A random 2-layer Gemma 2 language model (saved whole, as released) with a word-level fast tokenizer."""
     import torch

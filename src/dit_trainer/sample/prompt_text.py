@@ -21,27 +21,28 @@ def check_prompts(prompts, what: str = "prompts") -> list:
     return [p.strip() for p in prompts]
 
 
-def read_prompts(path) -> tuple:
+def read_prompts(path, flag: str = "--prompts") -> tuple:
     """The prompts of a text file, one per line (blank lines skipped, ends stripped); one line naming the file
-    when it cannot be read, is not UTF-8, holds a NUL byte or a line over 64 KiB, or holds no prompt."""
+    (as `flag`, the option or key that named it) when it cannot be read, is not UTF-8, holds a NUL byte or a
+    line over 64 KiB, or holds no prompt."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as err:
-        raise ConfigError(f"--prompts {path}: cannot read it ({err.strerror or err}); pass a text file with one "
+        raise ConfigError(f"{flag} {path}: cannot read it ({err.strerror or err}); pass a text file with one "
                           "prompt per line") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise ConfigError(f"--prompts {path} is not UTF-8 text (byte {err.start}); save it as UTF-8, one prompt per "
+        raise ConfigError(f"{flag} {path} is not UTF-8 text (byte {err.start}); save it as UTF-8, one prompt per "
                           "line") from None
     prompts = []
     for number, line in enumerate(text.splitlines(), 1):
         if "\x00" in line or len(line.encode()) > MAX_PROMPT_BYTES:
             problem = "a NUL byte" if "\x00" in line else f"more than {MAX_PROMPT_BYTES // 1024} KiB"
-            raise ConfigError(f"--prompts {path} line {number} holds {problem}; one prompt per line, as text")
+            raise ConfigError(f"{flag} {path} line {number} holds {problem}; one prompt per line, as text")
         if line.strip():
             prompts.append(line.strip())
     if not prompts:
-        raise ConfigError(f"--prompts {path} holds no prompt; write one prompt per line")
+        raise ConfigError(f"{flag} {path} holds no prompt; write one prompt per line")
     return tuple(prompts)
