@@ -144,7 +144,9 @@ def rebuild_missing(located, ranks=None) -> None:
     from dit_trainer.sample.fid_batch import ONE_PROCESS
 
     ranks = ranks or ONE_PROCESS
-    todo = list(dict.fromkeys(item for place in located for item in place.rebuild))
+    # Rank 0's list for every rank: another rank may look after rank 0 has rebuilt a folder, see nothing to do
+    # and skip the collective below.
+    todo = ranks.from_rank0(list(dict.fromkeys(item for place in located for item in place.rebuild)))
     if not todo:
         return
     failed = None
