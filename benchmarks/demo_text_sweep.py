@@ -53,8 +53,6 @@ def main(argv=None) -> int:
     p.add_argument("--guides", nargs="+", default=[None],
                    help="autoguidance as SPEC:WEIGHT (e.g. phema/std0.100@50%%:2), or none")
     p.add_argument("--negatives", nargs="+", default=["none"], help="none (\"\") or digit (\"a seven\")")
-    p.add_argument("--attribute-scales", type=float, nargs="+", default=[None],
-                   help="guidance towards the attributes: the model given the digit alone as the guide, this weight")
     p.add_argument("--word-dropout", type=float, default=None, help="data.digits_text.WORD_DROPOUT")
     p.add_argument("--margin", type=float, default=None, help="captions' margin (data.digit_attributes.MARGIN)")
     p.add_argument("--samples", type=int, default=1000)
@@ -79,9 +77,8 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         folder = out / f"{args.tag}-seed{seed}"
         trainer, _, train_s = train(folder, args.steps, seed, progress=False, **sections)
-        combos = itertools.product(args.cfg, args.ema_std, args.sample_steps, args.intervals, args.guides, args.negatives,
-                                   args.attribute_scales)
-        for cfg_scale, ema_std, steps, interval, guide, negative, attribute_scale in combos:
+        combos = itertools.product(args.cfg, args.ema_std, args.sample_steps, args.intervals, args.guides, args.negatives)
+        for cfg_scale, ema_std, steps, interval, guide, negative in combos:
             given = {k: v for k, v in (("cfg_scale", cfg_scale), ("ema_std", ema_std), ("steps", steps)) if v is not None}
             if interval not in (None, "none"):
                 given["guidance_interval"] = tuple(float(v) for v in interval.split(","))
@@ -91,9 +88,8 @@ def main(argv=None) -> int:
             if given.get("ema_std") not in (None, "none"):
                 given["ema_std"] = float(given["ema_std"])
             t0 = time.perf_counter()
-            drawn = draw_and_score(folder, asked, trainer.device, negative=None if negative == "none" else negative,
-                                   attribute_scale=attribute_scale, **given)
-            given.update(negative=negative, attribute_scale=attribute_scale)
+            drawn = draw_and_score(folder, asked, trainer.device, negative=None if negative == "none" else negative, **given)
+            given.update(negative=negative)
             table = drawn["prompt_following"]
             row = {"tag": args.tag, "seed": seed, "margin": args.margin, "word_dropout": args.word_dropout, "train_steps": trainer.step, "set": args.set, **given,
                    "sampling": {k: drawn["settings"][k] for k in ("cfg_scale", "steps")},

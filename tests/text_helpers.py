@@ -74,6 +74,27 @@ def save_tiny_clip(folder, seed: int = 0, hidden: int = 32, positions: int = 16,
     return str(folder)
 
 
+def save_tiny_clip_model(folder, seed: int = 0, hidden: int = 32, image_size: int = 32, projection: int = 24) -> str:
+    """A random 2-layer CLIPModel (text and vision towers with projections) with the tiny BPE tokenizer and a
+    CLIP image processor at `image_size`: what CLIP score reads; returns the folder."""
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+
+    (vocab, merges), size = _clip_vocab(os.path.join(str(folder), "_vocab"))
+    torch.manual_seed(seed)
+    text = dict(vocab_size=size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    vision = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=image_size, patch_size=8)
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=projection)
+    with _quiet():
+        CLIPModel(config).save_pretrained(folder)
+    CLIPTokenizer(vocab, merges).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+                       ).save_pretrained(folder)
+    return str(folder)
+
+
 def save_tiny_gemma2(folder, seed: int = 0, hidden: int = 32) -> str:
     """A random 2-layer Gemma 2 language model (saved whole, as released) with a word-level fast tokenizer."""
     import torch
@@ -138,3 +159,26 @@ def tar_bytes(members) -> bytes:
 def webdataset_members(items) -> list:
     """The (name, bytes) members of a webdataset shard of (key, png bytes, caption) items."""
     return [m for key, png, caption in items for m in ((f"{key}.png", png), (f"{key}.txt", caption.encode()))]
+
+
+def save_tiny_pixart_run(folder, vae, text_encoder, seed: int = 0, std: float = 0.1,
+                         name: str = "PixArt-alpha-XL/2-256", **options) -> str:
+    """A checkpoint folder of a random tiny PixArt (2 blocks, 48 wide, 8x8x4 latents) whose captions are
+    `text_encoder`'s (32 wide: the tiny T5's), decoded by `vae`, as `dit convert --to ours` writes one; every
+    weight drawn N(0, std^2) so that no zero-initialised layer hides a mistake. Returns the folder."""
+    import torch
+
+    from dit_trainer.convert import Bundle, write
+    from dit_trainer.convert.model_config import build_dit
+
+    model = {"name": name, "input_size": 8, "in_channels": 4, "learn_sigma": True, "depth": 2, "hidden_size": 48,
+             "num_heads": 2, "text_hidden_size": 32, **options}
+    net = build_dit(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, p in net.named_parameters():
+            if key != "pos_embed":
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    bundle = Bundle(state_dict=net.state_dict(), model=model, vae=str(vae), scaling_factor=0.5,
+                    text_encoder=str(text_encoder))
+    return str(write("ours", bundle, folder))

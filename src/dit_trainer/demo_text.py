@@ -78,81 +78,16 @@ def write_text_encoder(out) -> str:
     return str(folder.resolve())
 
 
-class _Rows:
-    """A condition's keyword arguments as one value that slices by rows: what `sample.guidance` hands a
-    model as its label argument, so its guidance (classifier-free, autoguidance, interval) serves captions.
-    `guide` holds the guide's own rows (another prompt for the same samples), when it has them."""
+def sample_prompts(run, prompts, negative_prompts=None, seed=0, progress=False):
+    """float N×C×H×W samples for `prompts` in one batch (8×8 digits: a few hundred MB on a CPU), drawn as `run`
+    (a `sample.cli.SamplingRun` of a text model) says: its weights, sampler, steps and guidance, classifier-free
+    guidance away from the encoding of "" or from `negative_prompts` (one per prompt)."""
+    from dit_trainer.sample.prompts import sample_prompts as sample_text
 
-    def __init__(self, kwargs: dict, guide=None):
-        self.kwargs, self.guide = kwargs, guide
-
-    def __getitem__(self, rows):
-        guide = None if self.guide is None else {k: v[rows] for k, v in self.guide.items()}
-        return _Rows({k: v[rows] for k, v in self.kwargs.items()}, guide)
-
-
-class _Keyed:
-    """A text model called as `sample.guidance` calls a class model: (x, t, rows); as a guide with prompts of its
-    own (`own_rows`), on those."""
-
-    def __init__(self, model, own_rows: bool = False):
-        self.model, self.in_channels, self.own_rows = model, model.in_channels, own_rows
-
-    def __call__(self, x, t, rows):
-        return self.model(x, t, **(rows.guide if self.own_rows else rows.kwargs))
-
-    def forward_with_cfg(self, x, t, rows, cfg_scale, cfg_channels=None):
-        return self.model.forward_with_cfg(x, t, cfg_scale, cfg_channels, **rows.kwargs)
-
-
-def sample_prompts(run, encoder, prompts, negative_prompts=None, guide_prompts=None, guide_scale=None, seed=0,
-                   batch_size=256, progress=False):
-    """float N×C×H×W samples for `prompts`, drawn as `run` (a `sample.cli.SamplingRun`) says: its weights,
-    objective, sampler and steps, classifier-free guidance away from `negative_prompts` (one per prompt; None:
-    the encoding of "", as diffusers' pipelines) and autoguidance by its guide model. With `guide_prompts` (one
-    per prompt) the guide is the model itself given those (a prompt saying less, e.g. the digit alone), at
-    `guide_scale`: D + (w - 1)(D - D_guide) pushes samples towards what the prompt says beyond it. The starting
-    noise of all N is drawn at once from `seed`, so a sample does not depend on the batch size."""
-    import torch
-
-    from dit_trainer.condition import build_condition
-    from dit_trainer.models import get_spec
-    from dit_trainer.progress import progress_bar
-    from dit_trainer.rng import seeded_global_rng
-    from dit_trainer.sample.guidance import Guidance, guided_model_fn
-
-    model, device, s = run.model.eval(), run.device, run.settings
-    condition = build_condition(run.cfg, get_spec(run.cfg.model.name), model)
-    condition.null_from_encoder(encoder, device)
-    guide, weight = (_Keyed(run.guide.eval()) if run.guide is not None else None), s.guide_scale
-    if guide_prompts is not None:
-        guide, weight = _Keyed((run.guide or model).eval(), own_rows=True), guide_scale
-    interval = tuple(s.guidance_interval) if s.guidance_interval is not None else None
-    guidance = Guidance(float(s.cfg_scale), guide, float(weight), interval, s.cfg_channels)
-    fn = guided_model_fn(_Keyed(model), guidance, run.objective)
-    prompts = list(prompts)
-    for name, given in (("negative", negative_prompts), ("guide", guide_prompts)):
-        if given is not None and len(given) != len(prompts):
-            raise ConfigError(f"{len(given)} {name} prompts for {len(prompts)} prompts; give one per prompt")
-    generator = torch.Generator().manual_seed(int(seed))
-    z_all = torch.randn((len(prompts), model.in_channels, model.input_size, model.input_size), generator=generator)
-    step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    out = []
-    with torch.no_grad(), seeded_global_rng(step_seed, device):
-        for start in progress_bar(range(0, len(prompts), batch_size), desc="sample", disable=not progress):
-            chunk = prompts[start:start + batch_size]
-            z = z_all[start:start + len(chunk)].to(device)
-            kwargs = condition.from_prompts(encoder, chunk, device)
-            if guidance.doubled:
-                negative = (condition.unconditional(len(chunk), device) if negative_prompts is None else
-                            condition.from_prompts(encoder, negative_prompts[start:start + batch_size], device))
-                kwargs = condition.guidance_kwargs(kwargs, negative)
-                z = torch.cat([z, z])
-            rows = _Rows(kwargs, None if guide_prompts is None else
-                         condition.from_prompts(encoder, guide_prompts[start:start + batch_size], device))
-            x = run.objective.sample(fn, z, sampler=run.sampler, steps=s.steps, model_kwargs={"y": rows}, **run.options)
-            out.append(x[:len(chunk)].float().cpu())
-    return torch.cat(out)
+    kw = dict(sampler=run.sampler, steps=run.settings.steps, seed=int(seed), device=run.device, progress=progress,
+              **run.guidance(), **run.options)
+    return sample_text(run.model, run.objective, run.condition, run.encoder, list(prompts),
+                       negative_prompt=None if negative_prompts is None else list(negative_prompts), **kw).float().cpu()
 
 
 def eval_prompts(num: int, seed: int = 0) -> np.ndarray:
@@ -201,19 +136,17 @@ def labelled_grid(images, labels, path, per_row: int, scale: int = 6) -> Path:
 
 
 def sampling_run(out, device, progress=False, **given):
-    """(`SamplingRun`, the text encoder) of the run in `out`, as its `sample:` section recommends where `given`
-    (`SampleSettings` fields) does not say (post-hoc EMA folders rebuilt where missing)."""
+    """The `SamplingRun` of the text run in `out` (its text encoder the run's), as its `sample:` section recommends
+    where `given` (`SampleSettings` fields) does not say (post-hoc EMA folders rebuilt where missing)."""
     from dit_trainer import checkpoint
+    from dit_trainer.data.digit_attributes import caption
     from dit_trainer.sample.cli import prepare_sampling
     from dit_trainer.sample.settings import resolve
-    from dit_trainer.text_encoders import load_text_encoder
 
     reader = checkpoint.open(out)
-    cfg = reader.config()
-    given = {"ckpt": str(out), "device": str(device), "progress": bool(progress), **given}
-    run = prepare_sampling(resolve(given, cfg.sample), reader, device)
-    encoder = load_text_encoder(cfg.data.text_encoder, "fp32", device, cfg.data.text_max_length or None)
-    return run, encoder
+    # The prompts say the run is sampled from captions; each call names its own.
+    given = {"ckpt": str(out), "device": str(device), "progress": bool(progress), "prompts": (caption(0),), **given}
+    return prepare_sampling(resolve(given, reader.config().sample), reader, device)
 
 
 def train(out, steps=None, seed=0, progress=True, **sections):
@@ -236,7 +169,7 @@ def train(out, steps=None, seed=0, progress=True, **sections):
     return trainer, metrics, time.perf_counter() - t0
 
 
-def draw_and_score(out, asked, device, progress=False, negative=None, attribute_scale=None, **given) -> dict:
+def draw_and_score(out, asked, device, progress=False, negative=None, **given) -> dict:
     """Draw one sample per caption of real digits `asked` (indices) from the run in `out` as it recommends (or as
     `given` says), write them to `out`/samples.npz and score them: {"images", "settings", "fid", "precision",
     "recall", "prompt_following", "sample_seconds"}."""
@@ -245,17 +178,16 @@ def draw_and_score(out, asked, device, progress=False, negative=None, attribute_
     from dit_trainer.evaluate.evaluator import DIGITS_REF, evaluate
     from dit_trainer.sample.images import save_npz
 
-    run, encoder = sampling_run(out, device, progress, **given)
+    run = sampling_run(out, device, progress, **given)
     known = digit_captions()
     prompts = [known.prompts[i] for i in asked]
     t0 = time.perf_counter()
     alone = [caption(int(d)) for d in known.digits[asked]]
-    images = sample_prompts(run, encoder, prompts, None if negative is None else alone,
-                            None if attribute_scale is None else alone, attribute_scale, seed=0, progress=progress)
+    images = sample_prompts(run, prompts, None if negative is None else alone, seed=0, progress=progress)
     sample_s = time.perf_counter() - t0
     s = run.settings
     settings = {"ckpt": str(run.reader.path), "cfg_scale": s.cfg_scale, "steps": s.steps, "seed": 0,
-                "negative_prompt": "the digit alone" if negative else '""', "attribute_scale": attribute_scale,
+                "negative_prompt": "the digit alone" if negative else '""',
                 "guide": str(run.guide_reader.path) if run.guide_reader is not None else None,
                 "guide_scale": s.guide_scale, "guidance_interval": s.guidance_interval}
     npz = save_npz(Path(out) / "samples.npz", images, known.digits[asked], settings=settings,
@@ -265,7 +197,7 @@ def draw_and_score(out, asked, device, progress=False, negative=None, attribute_
     following = prompt_following(images, known.digits[asked], known.weights[asked], known.slants[asked],
                                  known.thresholds, device)
     return {"images": images, "settings": settings, **{k: result[k] for k in ("fid", "precision", "recall")},
-            "prompt_following": following, "sample_seconds": sample_s, "run": run, "encoder": encoder}
+            "prompt_following": following, "sample_seconds": sample_s, "run": run}
 
 
 def run_demo_text(out="outputs/demo_text", steps=None, seed=0, per_row=8, progress=True,
@@ -292,7 +224,7 @@ def run_demo_text(out="outputs/demo_text", steps=None, seed=0, per_row=8, progre
               "thresholds": digit_captions().thresholds.to_dict()}
     (out / "prompt_following.json").write_text(json.dumps(report, indent=1) + "\n")
     rows = grid_rows()
-    grid_images = sample_prompts(drawn["run"], drawn["encoder"], [caption(*r) for r in rows for _ in range(per_row)],
+    grid_images = sample_prompts(drawn["run"], [caption(*r) for r in rows for _ in range(per_row)],
                                  seed=1)
     labels = [caption(*r) + (" (held out)" if r in HELD_OUT else "") for r in rows]
     grid = labelled_grid(grid_images, labels, out / "samples.png", per_row)

@@ -32,6 +32,21 @@ class Objective:
     def observe(self, draws, losses):
         """Feed per-sample losses to a loss-aware t sampler; nothing by default."""
 
+    def validation_times(self, k: int):
+        """(k,) network times at noise fractions 0, 1/k, ..., (k-1)/k of the way from the data to pure noise:
+        the fixed levels a validation loss is measured at (SD3's 8 equally spaced t)."""
+        raise NotImplementedError(f"objective {self.name!r} has no fixed noise levels to validate at")
+
+    def draws_at(self, t, noise):
+        """The draws of a step at given network times `t` (n,) and noise (n, ...): what `draw` returns,
+        without randomness (importance weights 1)."""
+        raise NotImplementedError(f"objective {self.name!r} has no fixed noise levels to validate at")
+
+    def validation_loss(self, output, x, draws):
+        """(n,) per-sample loss a validation reports: the training loss, without terms the network's
+        plain output cannot give (REPA's alignment)."""
+        return self.loss(output, x, draws)
+
     def state_dict(self):
         """Whatever must survive a resume; nothing by default."""
         return {}

@@ -111,6 +111,8 @@ class DroppedRows:
         first = trainer.dims.dp_rank * local
 
         def hook(module, args, kwargs):
+            if not module.training:
+                return  # a validation's forward, not a step's
             embeds = kwargs["text_embeds"]
             self.steps.append([first + i for i in range(len(embeds)) if torch.equal(embeds[i], null)])
 
@@ -201,10 +203,17 @@ OPTIONS = {
 LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS for name in ("fsdp", "tp")}
 
 
+# PixArt's runs hold 8 captions out and validate at their checkpoints: every layout's validation loss is
+# one process's (fixed levels and noise, each rank a share of the held-out samples).
+PIXART_SECTIONS = {"data": {"val_split": 8}}
+
+
 def option_sections(layout: str) -> dict:
-    """The config sections of an "opt-<name>_..." run; none for the other layouts."""
+    """The config sections a layout's run adds: an "opt-<name>_..." run's options, PixArt's held-out captions."""
     head = layout.split("_")[0]
-    return OPTIONS[head[4:]][1] if head.startswith("opt-") else {}
+    if head.startswith("opt-"):
+        return OPTIONS[head[4:]][1]
+    return PIXART_SECTIONS if head == "pixart" else {}
 
 
 # Token routing (half the tokens skip the middle two blocks) under the sharded layouts, against

@@ -20,11 +20,16 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--layouts", default="")
     ap.add_argument("--resume", default="", help="layout=checkpoint_dir,... : continue those checkpoints under layout")
+    ap.add_argument("--text-check", default="", help="assets folder of tests/text_encoders/_shard_check.py to run first")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
     layouts = {**LAYOUTS_2, **LAYOUTS_4, **BLOCK_OPTION_LAYOUTS, **LAYOUTS_OPTIONS}
     out = Path(args.out)
+    if args.text_check:  # a sharded text encoder, in this launch rather than a process group of its own
+        from tests.text_encoders._shard_check import run
+
+        run(args.text_check, out)
     for name in filter(None, args.layouts.split(",")):
         cfg = tiny_config(out / name, layouts[name], kind=kind_of(name), train=LAYOUT_TRAIN.get(name, {}),
                           **option_sections(name))

@@ -57,3 +57,14 @@ def test_a_commands_flags_are_its_settings():
     given = given_of(_flags(atol=1e-3))
     assert given["sampler_options"] == (("atol", 1e-3),) and given["progress"] is False
     assert resolve({"ckpt": "x"}) == SampleSettings("x")
+
+
+def test_prompts_and_the_negative_prompt_are_settings(tmp_path):
+    """--prompt / --prompts FILE become the prompts tuple; a run may recommend the negative prompt, the flag wins."""
+    run = SampleConfig(negative_prompt="blurry")
+    s = from_flags(_flags(prompt=[" a cat ", "two dogs"]), run)
+    assert (s.prompts, s.negative_prompt, s.text_encoder) == (("a cat", "two dogs"), "blurry", None)
+    (tmp_path / "p.txt").write_text("a cat\n\n two dogs\n")
+    s = from_flags(_flags(prompts_file=str(tmp_path / "p.txt"), negative_prompt="", text_encoder="t5"), run)
+    assert (s.prompts, s.negative_prompt, s.text_encoder) == (("a cat", "two dogs"), "", "t5")
+    assert from_flags(_flags(), None).prompts is None  # class labels, as before

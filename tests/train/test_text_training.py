@@ -1,6 +1,6 @@
 """A text-conditioned family (PixArt) trains through the unchanged trainer: the condition value reads the
 captions, caption dropout replaces the rows drawn from the step generator by the null caption, a resume
-is bitwise, and what it cannot do yet is refused in one line."""
+is bitwise, and what it cannot do is refused in one line."""
 
 import pytest
 import torch
@@ -69,10 +69,12 @@ def test_caption_width_must_match_the_model(tmp_path):
 
 
 @pytest.mark.parametrize("section", [{"logging": {"image_steps": 2}}, {"eval": {"every": 2}}])
-def test_class_grids_and_fid_are_refused(tmp_path, section):
+def test_grids_and_fid_without_held_out_captions_are_refused(tmp_path, section):
+    # 64 captions: under the 100 a text model holds 1% of by default, so none are held out.
     with pytest.raises(ConfigError) as err:
-        DiTTrainer(_cfg(tmp_path / "run", **section), dataset=TinyCaptions())
-    assert "text-conditioned" in str(err.value) and "\n" not in str(err.value)
+        DiTTrainer(_cfg(tmp_path / "run", **section), dataset=TinyCaptions()).train()
+    assert "held-out captions" in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_pipeline_parallel_is_refused_in_one_line(tmp_path):

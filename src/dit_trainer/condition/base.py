@@ -14,6 +14,9 @@ class Condition:
 
     name = "condition"
     keys: tuple = ()  # the batch keys read, which are also the model's keyword arguments' names
+    # Whether the training-time grid samples rows of model keyword arguments (prompts or held-out data's)
+    # instead of the class labels `logging.sample_classes` names.
+    grid_from_rows = False
 
     def __init__(self, dropout_prob: float = 0.0):
         self.dropout_prob = float(dropout_prob)
@@ -23,6 +26,11 @@ class Condition:
 
     def check_config(self, cfg) -> None:
         """A one-line ConfigError for what a run asks that this condition cannot do; nothing by default."""
+
+    def default_val_split(self, n: int) -> int:
+        """Samples of an `n`-sample dataset held out for validation where `data.val_split` is not set: none by
+        default, so a run's data order and logs stay as they were unless it asks."""
+        return 0
 
     def inputs(self, batch, device) -> dict:
         """The model's keyword arguments of `batch` on `device` (each (B, ...)), in their training dtype."""

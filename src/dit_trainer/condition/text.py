@@ -17,6 +17,8 @@ from dit_trainer.errors import ConfigError, DataError
 # The caption's tensors: what dropout and the null caption replace. Other keys (micro-conditions)
 # describe the image and stay as they are.
 CAPTION_KEYS = ("text_embeds", "text_mask", "text_pooled")
+# Captions held out for validation by default (fewer for data under 6,400 images: at most 1%).
+VAL_SPLIT = 64
 # Integer tensors keep their dtype (the mask); the rest are float32 inputs that autocast casts.
 _INTEGER = ("text_mask",)
 
@@ -30,6 +32,7 @@ class TextCondition(Condition):
     """A caption per sample as a text encoder's outputs; dropped rows take the null caption's."""
 
     name = "text"
+    grid_from_rows = True  # prompts (logging.validation_prompts) or held-out captions
 
     def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None):
         super().__init__(dropout_prob)
@@ -48,11 +51,15 @@ class TextCondition(Condition):
         return cls(keys, cfg.data.caption_dropout_prob, cfg.model.name, getattr(model, "caption_channels", None))
 
     def check_config(self, cfg) -> None:
-        # Grids and FID draw class rows today; prompt sampling is what text-conditioned ones need.
-        for key, value in (("logging.image_steps", cfg.logging.image_steps), ("eval.every", cfg.eval.every)):
-            if value:
-                raise ConfigError(f"{key} {value}: sample grids and FID during training draw class labels, and "
-                                  f"{self.model_name} is text-conditioned; set {key} 0")
+        # FID during training samples held-out captions with classifier-free guidance alone.
+        for key in ("guide", "guidance_interval"):
+            if getattr(cfg.eval, key) is not None:
+                raise ConfigError(f"eval.{key} {getattr(cfg.eval, key)}: FID during training samples a text-conditioned "
+                                  f"model's held-out captions with classifier-free guidance alone; leave eval.{key} unset")
+
+    def default_val_split(self, n: int) -> int:
+        """64 captions (at most 1% of the data), as text-to-image runs validate on held-out captions."""
+        return min(VAL_SPLIT, n // 100)
 
     def _cast(self, key: str, value, device) -> torch.Tensor:
         value = torch.as_tensor(value)

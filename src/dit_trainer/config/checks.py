@@ -194,6 +194,7 @@ def check_values(cfg) -> None:
         raise ConfigError(f"sample.steps is {s.steps!r}; it must be a positive integer")
     check_phema_stds(cfg)
     check_repa(cfg)
+    check_validation(cfg)
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")
@@ -235,3 +236,14 @@ def check_model(cfg) -> None:
     objective_fits(cfg.model.name, cfg.objective, cfg.model.learn_sigma)
     elsewhere = [k for k in all_keys() if not k.startswith("model.")]
     cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model, elsewhere)
+
+
+def check_validation(cfg) -> None:
+    """The held-out data and validation keys."""
+    split, every = cfg.data.val_split, cfg.eval.val_every
+    for key, value in (("data.val_split", split), ("eval.val_every", every)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"{key} is {value!r}; it must be 0 or a positive integer (or unset for the default)")
+    if split and cfg.data.val_path:
+        raise ConfigError(f"data.val_split {split} and data.val_path {cfg.data.val_path} both name held-out data; "
+                          "set one of them")

@@ -68,6 +68,8 @@ class DataConfig:
     text_dtype: str = "auto"  # auto | fp32 | bf16: the text encoder's compute dtype; auto: bf16 on a GPU, fp32 on a CPU
     caption_dropout_prob: float = 0.1  # share of captions replaced by the encoding of "" during training (diffusers' convention), for classifier-free guidance; in [0, 1)
     empty_captions: str = "error"  # error | drop: an image whose caption is missing or empty stops with a one-line error naming it, or is left out (counted in the log)
+    val_split: Optional[int] = None  # samples of data.path held out of training for validation (the loss at fixed noise levels, the grid's captions, FID over prompts), the same fixed choice for every run of the data; None: 64 (at most 1% of the data) for a text-conditioned model, 0 for class labels; 0 with data.val_path
+    val_path: Optional[str] = None  # held-out data of its own for validation, in any layout data.path takes (the same latent shape and text encoder); replaces data.val_split
 
 
 @dataclass
@@ -126,6 +128,7 @@ class LoggingConfig:
     sample_cfg_scale: float = 4.0  # guidance scale of the training-time grid, >= 1
     samples_per_class: int = 1  # grid samples per class
     sample_classes: Optional[list] = None  # grid classes; None: up to 10 spread over the label range
+    validation_prompts: Optional[str] = None  # text-conditioned models: a text file of the grid's prompts, one per line (as dit sample --prompts), encoded once by data.text_encoder; None: the first 8 held-out captions
     mfu: bool = False  # log model FLOPs utilisation (measures the peak at start unless peak_tflops is set)
     peak_tflops: float = 0.0  # peak TFLOP/s of one device for MFU (e.g. 989 for an H100 in bf16); 0 measures it
     wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline works offline)
@@ -146,6 +149,8 @@ class EvalConfig:
     ref: Optional[str] = None  # reference .npz (ADM's, or dit eval --ref-from-*) instead of the training set's statistics
     ref_images: int = 10000  # training latents decoded for the statistics, this many at random; 0: all (image folders: all)
     inception_weights: Optional[str] = None  # Inception weight file; None: fetched into torch's hub cache on first use
+    val_every: Optional[int] = None  # the loss at 8 fixed noise levels on the held-out data (data.val_split, data.val_path) every this many steps, logged as val_loss and val_loss_t0..t7; None: at every checkpoint.save_steps where data is held out; 0 disables
+    clip_model: Optional[str] = None  # text-conditioned models: a local folder of a transformers CLIPModel (with its tokenizer and image processor); FID over the held-out captions then also logs their CLIP score
 
 
 @dataclass
@@ -160,6 +165,7 @@ class SampleConfig:
     ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel at the checkpoint's step, rebuilt from the train.phema_stds snapshots (as dit ema does) when missing; None: the checkpoint's ema.safetensors
     sampler: Optional[str] = None  # ddpm | ddim (diffusion) or ode | sde (transport); None: the release's (ddpm, ode)
     steps: Optional[int] = None  # sampler steps; None: the sampler's default
+    negative_prompt: Optional[str] = None  # text-to-image: the caption guidance steers away from, in place of the empty caption; None: "" (the null caption, as diffusers' PixArt pipelines)
 
 
 @dataclass

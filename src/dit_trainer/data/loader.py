@@ -193,7 +193,12 @@ class GlobalBatchSampler(Sampler):
     size continues at the sample the run stopped at instead of reusing a batch index.
     """
 
-    def __init__(self, dataset_len, global_batch_size, seed=0, dp_rank=0, dp_size=1, epoch=0, batch_in_epoch=0):
+    def __init__(self, dataset_len, global_batch_size, seed=0, dp_rank=0, dp_size=1, epoch=0, batch_in_epoch=0,
+                 kept=None):
+        """`kept`: the indices training reads (a held-out split leaves the rest out); None: all of them."""
+        self.kept = None if kept is None else torch.as_tensor(kept, dtype=torch.long)
+        self.held_out = 0 if kept is None else dataset_len - len(self.kept)
+        dataset_len = dataset_len if kept is None else len(self.kept)
         if global_batch_size % dp_size:
             raise ConfigError(f"train.global_batch_size {global_batch_size} is not divisible by the {dp_size} data-parallel ranks")
         if dataset_len < global_batch_size:
@@ -223,11 +228,16 @@ class GlobalBatchSampler(Sampler):
         start = self.dp_rank * self.local
         for first in range(self.sample_in_epoch, self.n - self.global_batch_size + 1, self.global_batch_size):
             batch = perm[first : first + self.global_batch_size]
+            if self.kept is not None:
+                batch = self.kept[batch]
             yield batch[start : start + self.local].tolist()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "sample_in_epoch": self.sample_in_epoch,
-                "global_batch_size": self.global_batch_size}
+        state = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "sample_in_epoch": self.sample_in_epoch,
+                 "global_batch_size": self.global_batch_size}
+        if self.held_out:  # only then: a run without a split saves what it always saved
+            state["held_out"] = self.held_out
+        return state
 
 
 class StepLoader:
@@ -303,6 +313,10 @@ class StepLoader:
             self.sampler.sample_in_epoch = int(state["batch_in_epoch"]) * int(saved)
         self._it = None
         self._check_fingerprint(state.get("fingerprint"))
+        saved = int(state.get("held_out", 0))
+        if saved != self.sampler.held_out and self._refusal is None:
+            self._refusal = (f"the checkpoint's run held out {saved} samples of the data for validation and this one "
+                             f"{self.sampler.held_out}, so its data order would differ; set data.val_split {saved}")
 
     def _check_fingerprint(self, saved) -> None:
         """A changed image folder makes the resume inexact: refused before the first batch (raised

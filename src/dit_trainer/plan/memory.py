@@ -184,7 +184,9 @@ def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0) -> RankMem
     else:
         held = k_with_grads * per_mb
     comm = _comm(costs, layout, numerics, blocks, block_local, edge_params, trainable, tokens, k, last)
-    return RankMemory(pp_rank, state["params"] + costs.replicated_bytes, grads, state["optimizer"], state["ema"],
+    # An online text encoder: sharded like the model under FSDP (the blocks it gathers to encode are freed before the step).
+    beside = costs.replicated_bytes + costs.sharded_frozen_bytes / layout.dp_shard
+    return RankMemory(pp_rank, state["params"] + beside, grads, state["optimizer"], state["ema"],
                       state["phema"], held + recompute + transient, casts, comm)
 
 

@@ -98,6 +98,9 @@ def model_costs(cfg):
         from dit_trainer.repa.costs import with_alignment
 
         costs = with_alignment(costs, cfg)
+    from dit_trainer.text_encoders.costs import with_text_encoder
+
+    costs = with_text_encoder(costs, cfg)
     routing = TokenRouting.from_config(cfg.train, costs.depth, costs.tokens)
     return costs.routed(routing.tokens_per_block()) if routing else costs
 

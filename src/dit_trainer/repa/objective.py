@@ -64,6 +64,18 @@ class AlignedObjective(Objective):
             self._sums = torch.tensor([window[0], window[2]], dtype=torch.float64)
             self._count = int(window[1])
 
+    def validation_times(self, k: int):
+        """The base objective's fixed levels."""
+        return self.base.validation_times(k)
+
+    def draws_at(self, t, noise):
+        """The base objective's draws at `t` (REPA adds no randomness)."""
+        return self.base.draws_at(t, noise)
+
+    def validation_loss(self, output, x, draws):
+        """The base objective's loss: a validation calls the network without the projector."""
+        return self.base.validation_loss(output, x, draws)
+
     def check_sampler(self, sampler):
         """The base objective's samplers."""
         return self.base.check_sampler(sampler)

@@ -15,14 +15,17 @@ def add_commands(subparsers) -> None:
     p = subparsers.add_parser(
         "sample",
         help="sample images from a checkpoint (PNG grid or .npz for FID)",
-        description="Sample class-conditional images with classifier-free guidance from a checkpoint's EMA weights.",
+        description="Sample class-conditional images (class labels) or text-conditional ones (prompts) with "
+                    "classifier-free guidance from a checkpoint's EMA weights.",
     )
     p.add_argument("--ckpt", required=True, help="checkpoint dir (config.yaml + ema.safetensors), run dir, or DiT .pt/.safetensors")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--class-labels", type=int, nargs="+", metavar="ID", help="class ids, e.g. 207 360")
     which.add_argument("--class-names", nargs="+", metavar="NAME", help='class names, e.g. "golden retriever" otter')
+    add_prompt_arguments(which, grid=True)
     p.add_argument("--out", default=None, help="PNG grid to write (default samples.png unless --npz is given)")
-    p.add_argument("--per-class", type=int, default=1, help="samples per label in the grid, one row per label")
+    p.add_argument("--per-class", "--per-prompt", dest="per_class", type=int, default=1,
+                   help="samples per label or prompt in the grid, one row per label or prompt")
     p.add_argument("--nrow", type=int, default=None, help="images per grid row")
     p.add_argument("--npz", default=None, help="write an ADM-style .npz batch (arr_0 uint8 N×H×W×3) for FID, as "
                    "sample-ddp does on one process: classes covered uniformly, resumable")
@@ -30,6 +33,16 @@ def add_commands(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="samples per forward batch for --npz")
     add_sampling_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_prompt_arguments(group, grid: bool) -> None:
+    """The prompts of a text-to-image checkpoint: `--prompt` (the grid's, `grid`) and `--prompts FILE`."""
+    if grid:
+        group.add_argument("--prompt", nargs="+", metavar="TEXT",
+                           help='prompts of a text-to-image checkpoint, e.g. "a red cat" "two dogs" (one grid row each)')
+    group.add_argument("--prompts", dest="prompts_file", metavar="FILE",
+                       help="a text file of prompts, one per line: the grid's rows, or the prompts an FID batch "
+                            "covers (cycled evenly in a seeded order, as class labels are); text-to-image checkpoints")
 
 
 def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
@@ -72,6 +85,12 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
                    "JSON / our YAML model config (then its sample_size and classes are used)")
     p.add_argument("--image-size", type=int, default=None, help="pixel size for a weights file (256 or 512)")
     p.add_argument("--num-classes", type=int, default=1000, help="classes of a weights file")
+    p.add_argument("--negative-prompt", default=None, metavar="TEXT",
+                   help='text-to-image: the caption guidance steers away from, encoded in place of the empty caption '
+                        '(default: the run\'s sample.negative_prompt, else "", as diffusers\' PixArt pipelines)')
+    p.add_argument("--text-encoder", default=None, metavar="DIR_OR_ID",
+                   help="text-to-image: the text encoder folder or Hugging Face id that encodes the prompts, "
+                        "overriding the one the run records (data.text_encoder)")
     p.add_argument("--vae", default=None, help=f"VAE id or folder, overriding the recorded one (weights files: {DEFAULT_VAE})")
     p.add_argument("--vae-dtype", choices=("fp32", "bf16"), default="fp32", help="VAE compute dtype")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="which weights of a checkpoint dir")
@@ -169,7 +188,8 @@ def load_sampling_model(settings, ckpt):
 @dataclasses.dataclass
 class SamplingRun:
     """A checkpoint's model on its device and what sampling it takes: objective, sampler, its options, the
-    guidance (a guide model for autoguidance, the noise-level interval), the VAE, and the readers sampled from."""
+    guidance (a guide model for autoguidance, the noise-level interval), the VAE, the readers sampled from,
+    and for a text-to-image model its condition and frozen text encoder."""
 
     model: object
     cfg: object
@@ -182,6 +202,13 @@ class SamplingRun:
     reader: object = None  # the checkpoint the model's weights came from (a post-hoc EMA folder with ema_std)
     guide: object = None  # autoguidance's guide model, or None
     guide_reader: object = None
+    condition: object = None  # a text model's TextCondition (None: class labels)
+    encoder: object = None  # a text model's frozen TextEncoder
+
+    @property
+    def prompts(self):
+        """The settings' prompts for a text-to-image model (a tuple), None for a class-conditional one."""
+        return self.settings.prompts if self.encoder is not None else None
 
     def guidance(self) -> dict:
         """`sample_latents`' guidance keywords."""
@@ -189,6 +216,37 @@ class SamplingRun:
         return {"cfg_scale": s.cfg_scale, "cfg_channels": s.cfg_channels, "guide": self.guide,
                 "guide_scale": s.guide_scale if self.guide is not None else 1.0,
                 "guidance_interval": s.guidance_interval}
+
+    def sample(self, rows, seed, compiled=False, progress=False, counter=None):
+        """Latents for `rows`: class labels, or a text model's prompts (encoded, guided with the settings'
+        negative prompt), sampled with the settings' sampler and guidance from `seed`."""
+        from dit_trainer.sample.prompts import sample_prompts
+        from dit_trainer.sample.sampling import sample_latents
+
+        kw = dict(sampler=self.sampler, steps=self.settings.steps, seed=seed, device=self.device, progress=progress,
+                  compile=compiled, counter=counter, **self.guidance(), **self.options)
+        if self.encoder is None:
+            return sample_latents(self.model, self.objective, rows, **kw)
+        return sample_prompts(self.model, self.objective, self.condition, self.encoder, rows,
+                              negative_prompt=self.settings.negative_prompt, image_size=self.cfg.data.image_size, **kw)
+
+
+_TEXT_FLAGS = (("prompts", "--prompt/--prompts"), ("negative_prompt", "--negative-prompt"),
+               ("text_encoder", "--text-encoder"))
+
+
+def check_condition(settings, model, cfg) -> bool:
+    """Whether `model` is text-conditioned; a one-line ConfigError when the settings condition it otherwise
+    (prompts for a class-conditional model, none for a text one)."""
+    text = "text_embeds" in tuple(getattr(model, "condition_keys", ("y",)))
+    if text and not settings.prompts:
+        raise ConfigError(f"{cfg.model.name} is text-conditioned; pass --prompt TEXT (a grid) or --prompts FILE (one "
+                          "prompt per line) instead of class labels")
+    given = [flag for key, flag in _TEXT_FLAGS if getattr(settings, key) is not None]
+    if not text and given:
+        raise ConfigError(f"{cfg.model.name} is class-conditional; {given[0]} is for text-to-image checkpoints: pass "
+                          "--class-labels or --class-names instead")
+    return text
 
 
 def prepare_sampling(settings, reader, device, located=None, rank=0) -> SamplingRun:
@@ -206,6 +264,7 @@ def prepare_sampling(settings, reader, device, located=None, rank=0) -> Sampling
     main = reader if located.main == reader.path else checkpoint.open(located.main)
     model, cfg = load_sampling_model(settings, main)
     check_cfg_channels(settings, model)
+    text = check_condition(settings, model, cfg)
     model.to(device)
     objective = as_objective(cfg, model)
     # The release's sampler (DDPM for diffusion) unless one is named.
@@ -213,11 +272,16 @@ def prepare_sampling(settings, reader, device, located=None, rank=0) -> Sampling
     options = sampler_options(settings, objective, sampler)
     if rank == 0:
         note_adaptive_steps(settings, sampler, cfg)
-    guide = guide_reader = None
+    guide = guide_reader = condition = encoder = None
     if located.guide is not None:
         guide, guide_reader = load_guide(located.guide, cfg, model, device, f"{settings.guide_origin} {settings.guide}")
+    if text:  # the prompts' encoder: the run's, as its captions were encoded
+        from dit_trainer.sample.prompts import run_text_encoder, text_condition
+
+        condition = text_condition(model, cfg)
+        encoder = run_text_encoder(cfg, settings.text_encoder, device, main.folder)
     return SamplingRun(model, cfg, objective, sampler, options, device, settings, reader=main, guide=guide,
-                       guide_reader=guide_reader)
+                       guide_reader=guide_reader, condition=condition, encoder=encoder)
 
 
 def load_vae(run: SamplingRun) -> None:
@@ -239,7 +303,7 @@ def run(args) -> int:
     from dit_trainer.sample.decode import to_images
     from dit_trainer.sample.fid_batch import rank_chunks, write_fid_batch
     from dit_trainer.sample.images import save_grid
-    from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, default_classes, sample_latents
+    from dit_trainer.sample.sampling import IMAGENET_DEMO_LABELS, default_classes
     from dit_trainer.sample.settings import from_flags
 
     check_args(args)
@@ -254,6 +318,10 @@ def run(args) -> int:
     model, cfg = sampling.model, sampling.cfg
     num_classes = model.num_classes
     labels = None
+    if sampling.prompts is not None and (args.class_names or args.class_labels):
+        flag = "--class-names" if args.class_names else "--class-labels"
+        raise ConfigError(f"{cfg.model.name} is text-conditioned; {flag} is for class-conditional checkpoints: pass "
+                          "--prompt TEXT or --prompts FILE instead")
     if args.class_names:
         labels = resolve_labels(args.class_names, dataset_class_names(cfg, num_classes), num_classes)
     elif args.class_labels:
@@ -265,14 +333,14 @@ def run(args) -> int:
     if settings.npz:
         write_fid_batch(settings, sampling.reader, sampling, compiled, classes=labels)
     if grid:
-        if labels is None:
-            labels = IMAGENET_DEMO_LABELS if num_classes == 1000 else default_classes(num_classes)
+        rows = sampling.prompts
+        if rows is None:
+            rows = labels if labels is not None else (
+                IMAGENET_DEMO_LABELS if num_classes == 1000 else default_classes(num_classes))
         per_class = args.per_class
-        grid_labels = [c for c in labels for _ in range(per_class)]
-        samples = sample_latents(model, sampling.objective, grid_labels, sampler=sampling.sampler, steps=settings.steps,
-                                 seed=settings.seed, device=device, progress=settings.progress, compile=compiled,
-                                 **sampling.guidance(), **sampling.options)
-        nrow = args.nrow or (per_class if per_class > 1 else min(len(grid_labels), 8))
+        grid_rows = [c for c in rows for _ in range(per_class)]
+        samples = sampling.sample(grid_rows, settings.seed, compiled, progress=settings.progress)
+        nrow = args.nrow or (per_class if per_class > 1 else min(len(grid_rows), 8))
         path = save_grid(to_images(samples, *sampling.decoder), grid_path, nrow=nrow)
-        print(f"wrote {len(grid_labels)} samples to {path}")
+        print(f"wrote {len(grid_rows)} samples to {path}")
     return 0

@@ -14,7 +14,7 @@ from dit_trainer.errors import ConfigError
 
 def add_commands(subparsers) -> None:
     """Register `dit sample-ddp`."""
-    from dit_trainer.sample.cli import add_sampling_arguments
+    from dit_trainer.sample.cli import add_prompt_arguments, add_sampling_arguments
 
     p = subparsers.add_parser(
         "sample-ddp",
@@ -27,6 +27,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--num-samples", type=int, default=50000)
     p.add_argument("--batch-size", type=int, default=32, help="samples per chunk (one forward batch per rank)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="network precision while sampling")
+    add_prompt_arguments(p, grid=False)
     add_sampling_arguments(p, cfg_scale=1.5)
     m = p.add_argument_group("guidance sweep: several settings, each measured (FID, sFID, IS, precision, recall)")
     m.add_argument("--guidance", nargs="+", default=None, metavar="SPEC",

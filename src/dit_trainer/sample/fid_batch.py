@@ -2,7 +2,8 @@
 for `dit sample --npz` (one process) and `dit sample-ddp` (every rank of a torchrun launch).
 
 The N samples are cut into chunks of `--batch-size`; chunk c has its own seed (from `--seed` and c)
-and its own labels (a seeded permutation of the classes repeated, so every class appears N/K times).
+and its own labels (a seeded permutation of the classes repeated, so every class appears N/K times;
+for a text-to-image model the labels index its prompts, `--prompts FILE`'s lines, covered alike).
 Rank r of W samples chunks r, r + W, ...; each finished chunk is a file (in `NPZ.parts/`, removed once
 the .npz is written), so an interrupted run (or one relaunched on another number of ranks, or by the
 other command) samples only what is missing, and the result depends on neither.
@@ -109,7 +110,22 @@ def _settings(job: SampleSettings, reader, run, classes) -> dict:
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in run.options.items()}}
     if classes is not None:  # only when chosen, so records of all classes read as before
         settings["classes"] = [int(c) for c in classes]
-    return settings
+    return {**settings, **_prompt_settings(job, run)}
+
+
+def _prompt_settings(job: SampleSettings, run) -> dict:
+    """A text model's prompts (their count and digest: a prompt set can be COCO's 30k), negative prompt and
+    text encoder, recorded only for text models (class batches read as before)."""
+    prompts = getattr(run, "prompts", None)
+    if prompts is None:
+        return {}
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode()).hexdigest()[:16]
+    encoder = run.encoder
+    return {"num_prompts": len(prompts), "prompts_sha256": digest, "negative_prompt": job.negative_prompt or "",
+            "text_encoder": _same_path(encoder.name), "text_max_length": encoder.max_length,
+            "text_dtype": str(encoder.dtype).replace("torch.", "")}
 
 
 def _guidance_settings(job: SampleSettings, run) -> dict:
@@ -253,9 +269,11 @@ def _sample_chunks(job: SampleSettings, run, parts: Path, settings: dict, compil
 
     from dit_trainer.sample.decode import to_images
     from dit_trainer.sample.images import adm_images
-    from dit_trainer.sample.sampling import sample_latents
 
-    labels = chunk_labels(job.num_samples, run.model.num_classes if classes is None else classes, job.seed)
+    # A text model's labels index its prompts: each prompt covered as evenly as a class.
+    prompts = getattr(run, "prompts", None)
+    count = len(prompts) if prompts is not None else run.model.num_classes
+    labels = chunk_labels(job.num_samples, count if classes is None else classes, job.seed)
     todo = [c for c in rank_chunks(job.num_samples, job.batch_size, ranks.rank, ranks.world)
             if not (parts / CHUNK_FMT.format(c)).is_file()]
     device = run.device
@@ -268,11 +286,8 @@ def _sample_chunks(job: SampleSettings, run, parts: Path, settings: dict, compil
         y = labels[c * job.batch_size:(c + 1) * job.batch_size]
         counter = {}
         with amp:
-            latents = sample_latents(run.model, run.objective, y, cfg_scale=job.cfg_scale, sampler=run.sampler,
-                                     steps=job.steps, seed=chunk_seed(job.seed, c), device=device,
-                                     cfg_channels=job.cfg_channels, compile=compiled, guide=run.guide,
-                                     guide_scale=job.guide_scale, guidance_interval=job.guidance_interval,
-                                     counter=counter, **run.options)
+            rows = y if prompts is None else [prompts[i] for i in y]
+            latents = run.sample(rows, chunk_seed(job.seed, c), compiled, counter=counter)
         images = adm_images(to_images(latents.float(), *run.decoder))
         _save_chunk(parts / CHUNK_FMT.format(c), images, y, counter.get("nfe", 0))
         done += len(y)

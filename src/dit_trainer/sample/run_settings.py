@@ -144,7 +144,9 @@ def rebuild_missing(located, ranks=None) -> None:
     from dit_trainer.sample.fid_batch import ONE_PROCESS
 
     ranks = ranks or ONE_PROCESS
-    todo = list(dict.fromkeys(item for place in located for item in place.rebuild))
+    # Rank 0's list for every rank: another rank may look after rank 0 has rebuilt a folder, see nothing to do
+    # and skip the collective below.
+    todo = ranks.from_rank0(list(dict.fromkeys(item for place in located for item in place.rebuild)))
     if not todo:
         return
     failed = None
@@ -183,6 +185,12 @@ def check_guide_fits(guide_cfg, guide_model, cfg, model, named: str) -> None:
     if guide_model.num_classes != model.num_classes:
         raise ConfigError(f"{named} has {guide_model.num_classes} classes but the main model {model.num_classes}; a "
                           f"guide must be trained on the same classes")
+    conditioned = lambda m: (tuple(getattr(m, "condition_keys", ("y",))), getattr(m, "caption_channels", None))  # noqa: E731
+    if conditioned(guide_model) != conditioned(model):
+        (keys, width), (main_keys, main_width) = conditioned(guide_model), conditioned(model)
+        raise ConfigError(f"{named} takes {', '.join(keys)}{f' ({width} wide)' if width else ''} but the main model "
+                          f"{', '.join(main_keys)}{f' ({main_width} wide)' if main_width else ''}; a guide must be "
+                          f"conditioned as the main model is (the same text encoder's captions)")
     mine, theirs = _objective_identity(cfg), _objective_identity(guide_cfg)
     differ = [k for k in mine if mine[k] != theirs.get(k)]
     if differ:

@@ -58,7 +58,11 @@ class SampleSettings:
     device: str = "auto"
     compile: str = "auto"  # auto | true | false
     progress: bool = True
-    # Conditioning of text-to-image models and the step schedules of few-step objectives join here.
+    # Conditioning of text-to-image models (a class-conditional model refuses them).
+    prompts: Optional[tuple] = None  # the prompts (--prompt, or --prompts FILE's lines); None: class labels
+    negative_prompt: Optional[str] = None  # guidance's unconditional caption; None: "" (the null caption)
+    text_encoder: Optional[str] = None  # the text encoder folder or id; None: the run's recorded one
+    # The step schedules of few-step objectives join here.
 
     @property
     def options(self) -> dict:
@@ -70,11 +74,26 @@ _FIELDS = {f.name for f in dataclasses.fields(SampleSettings)}
 
 
 def given_of(args) -> dict:
-    """The flags of a parsed sampling command that are settings (unset ones None), `--no-progress` as progress."""
+    """The flags of a parsed sampling command that are settings (unset ones None), `--no-progress` as progress,
+    `--prompt` / `--prompts FILE` as the prompts."""
     given = {k: v for k, v in vars(args).items() if k in _FIELDS}
     given["progress"] = not getattr(args, "no_progress", False)
+    given["prompts"] = prompts_of(args)
     given["sampler_options"] = tuple((k, getattr(args, k)) for k in SAMPLER_FLAGS if getattr(args, k, None) is not None)
     return given
+
+
+def prompts_of(args):
+    """The prompts a sampling command was given (`--prompt TEXT ...` or `--prompts FILE`), as a tuple, or None."""
+    if getattr(args, "prompt", None):
+        from dit_trainer.sample.prompt_text import check_prompts
+
+        return tuple(check_prompts(args.prompt))
+    if getattr(args, "prompts_file", None):
+        from dit_trainer.sample.prompt_text import read_prompts
+
+        return read_prompts(args.prompts_file)
+    return None
 
 
 def from_flags(args, recommended=None) -> SampleSettings:

@@ -11,7 +11,7 @@ from dit_trainer.lazy import lazy_exports
 
 _LAZY = {
     "TextEncoder": "encoder", "load_text_encoder": "encoder", "text_dtype_for": "encoder",
-    "resolve_folders": "folders",
+    "resolve_folders": "folders", "copy_text_encoder": "folders", "shard_text_encoder": "parallelize",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -42,7 +42,7 @@ class TextEncoder:
 
     Attributes: `name` (Hub id or absolute folder, as recorded), `folder` and `tokenizer_folder` (local
     folders, for export), `kind` (t5 | clip | gemma2), `max_length`, `hidden_size`, `pooled_size`
-    (None without a pooled output), `model`, `tokenizer`, `truncated` (captions cut so far)."""
+    (None without a pooled output), `model`, `tokenizer`, `truncated` (captions cut so far), `group`."""
 
     def __init__(self, model, tokenizer, kind: str, name: str, folder: str, tokenizer_folder: str, max_length: int):
         model.requires_grad_(False)
@@ -55,6 +55,7 @@ class TextEncoder:
         self.hidden_size = int(config.hidden_size)
         self.pooled_size = int(config.projection_dim) if kind == "clip" else None
         self.truncated = 0
+        self.group = None  # sharded (`parallelize`): the process group its forward is a collective over
 
     @property
     def device(self) -> torch.device:

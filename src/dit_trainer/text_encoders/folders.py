@@ -122,3 +122,40 @@ def resolve_folders(name) -> Tuple[str, str, str, dict]:
         base = _hub_folder(name)
     model, tokenizer = _layout(base)
     return name, model, tokenizer, check_safe(model, tokenizer)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """`dst` as a hard link of `src` (weights are never rewritten in place, so a T5-XXL costs no second copy)
+    where the file system allows, else a copy."""
+    import shutil
+
+    src = os.path.realpath(src)  # the Hugging Face cache holds symlinks to its blobs
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _copy_files(src: str, dst: str, keep) -> None:
+    os.makedirs(dst, exist_ok=True)
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        if os.path.isfile(path) and not name.endswith(PICKLED) and keep(name):
+            _link_or_copy(path, os.path.join(dst, name))
+
+
+def copy_text_encoder(name, dest) -> dict:
+    """Copy text encoder `name` (a folder or Hub id, checked as `load_text_encoder` checks it) into `dest`
+    in a diffusers pipeline's layout, `text_encoder/` (config and safetensors) beside `tokenizer/`; returns
+    {"model_type": config.json's, "tokenizer_class": the tokenizer's transformers class}."""
+    _, model, tokenizer, config = resolve_folders(name)
+    weights = (".safetensors", ".safetensors.index.json")
+    _copy_files(model, os.path.join(dest, "text_encoder"), lambda n: n == "config.json" or n.endswith(weights))
+    _copy_files(tokenizer, os.path.join(dest, "tokenizer"), lambda n: not n.endswith(weights))
+    tok_config = os.path.join(tokenizer, "tokenizer_config.json")
+    cls = _read_json(tok_config).get("tokenizer_class") if os.path.isfile(tok_config) else None
+    if not cls:
+        from transformers import AutoTokenizer
+
+        cls = type(AutoTokenizer.from_pretrained(tokenizer, local_files_only=True, trust_remote_code=False)).__name__
+    return {"model_type": config.get("model_type"), "tokenizer_class": cls}

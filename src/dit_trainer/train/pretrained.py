@@ -80,9 +80,44 @@ def read_weights(path, cfg, given) -> tuple:
     raise first or CheckpointError(f"model {cfg.model.name} cannot read its shape from weights; set model.name")
 
 
+def is_pipeline_folder(path) -> bool:
+    """Whether `path` is a diffusers pipeline folder (model_index.json) or a diffusers model folder (config.json
+    beside diffusion_pytorch_model*.safetensors)."""
+    from pathlib import Path
+
+    p = Path(path)
+    return p.is_dir() and ((p / "model_index.json").is_file() or (
+        (p / "config.json").is_file() and any(p.glob("diffusion_pytorch_model*.safetensors"))))
+
+
+def read_pipeline(path, cfg, given) -> tuple:
+    """(the model keys, our state dict, the data keys) of a diffusers pipeline or transformer folder (a
+    released PixArt, a DiTPipeline): its transformer's config gives every model key, its VAE, text encoder
+    and their token count the data's where the user set none."""
+    from dit_trainer.convert import read
+
+    bundle = read("diffusers", path)
+    model = dict(bundle.model)
+    name = cfg.model.name if "model.name" in given else None
+    if name is not None and get_spec(name).family != get_spec(model["name"]).family:
+        raise ConfigError(f"model.name is {name} but model.weights_path {path} holds a {model['name']}; leave "
+                          "model.name out (the weights decide it) or set it to that")
+    for key, value in cfg.model.options.items():
+        if f"model.{key}" in given and key in model and _differs(value, model[key], f"model.{key}"):
+            raise ConfigError(f"model.{key} is {value} but model.weights_path {path} holds {model[key]}; leave "
+                              f"model.{key} out (the weights decide it)")
+    model["name"] = name or model["name"]
+    found = {k: v for k, v in model.items() if k in ("name", *SHAPE_FIELDS) or k not in SHARED_FIELDS}
+    data = {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor, "text_encoder": bundle.text_encoder,
+            "text_max_length": bundle.text_max_length}
+    return found, bundle.state_dict, {k: v for k, v in data.items() if v is not None}
+
+
 class PretrainedShapes:
     """`build_config`'s first fill (see `DataShapes`): with `model.weights_path`, sets the model keys the
-    weights need where the user set none and returns them; `.state_dict` keeps the weights for the trainer."""
+    weights need where the user set none and returns them; `.state_dict` keeps the weights for the trainer.
+    A diffusers pipeline folder also gives the data its VAE and text encoder where the user named none
+    (data the run trains on that records its own, shards, then wins)."""
 
     def __init__(self):
         self.state_dict = None
@@ -91,7 +126,13 @@ class PretrainedShapes:
         path = cfg.model.weights_path
         if not path:
             return set()
-        found, self.state_dict = read_weights(path, cfg, given)
+        if is_pipeline_folder(path):
+            found, self.state_dict, data = read_pipeline(path, cfg, given)
+            for key, value in data.items():
+                if f"data.{key}" not in given:
+                    set_key(cfg, f"data.{key}", value)
+        else:
+            found, self.state_dict = read_weights(path, cfg, given)
         done = set()
         for key, value in found.items():
             dotted = f"model.{key}"

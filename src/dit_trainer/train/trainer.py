@@ -43,6 +43,7 @@ from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
 from dit_trainer.train.signals import StopSignals
 from dit_trainer.train.update import GuardedUpdate
+from dit_trainer.train.validation import Validation, draw_grid
 from dit_trainer.vae.latent_stats import device_stats, normalize
 
 
@@ -259,9 +260,7 @@ class DiTTrainer:
     def _flush_loader(self) -> None:
         # An image folder's loader keeps freshly encoded latents in memory; written now, a resume or
         # the next run finds them in the cache.
-        flush = getattr(self.loader, "flush", None)
-        if flush is not None:
-            flush()
+        getattr(self.loader, "flush", lambda: None)()
 
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
@@ -313,6 +312,7 @@ class DiTTrainer:
         preflight.check_grid_vae(cfg)
         if self.loader is None:
             self.loader = self.build_loader()
+        self.validation = Validation.for_run(self)  # held-out samples: the validation loss, the grid's rows
         resumed = self.maybe_resume()
         if resumed is not None and self.step >= cfg.train.max_steps:
             if main:
@@ -333,7 +333,7 @@ class DiTTrainer:
             if resumed is not None and (record := resume_record(resumed, self.dims.world_size)):
                 logger.note(self.step, record)
         mfu = mfu_meter(self)
-        fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
+        fid = TrainingFID.for_run(self) if cfg.eval.every else None
         bar = progress_bar(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
                            desc="train", dynamic_ncols=True, logged=True)
         last = {}
@@ -355,6 +355,10 @@ class DiTTrainer:
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
                     tqdm.write(console_line(self.step, last))  # keeps the bar intact; a plain line without one
                 t0, step0 = time.perf_counter(), self.step
+            if self.validation.due(self.step):  # every rank measures its share of the held-out samples
+                values = self.validation.measure(self.model)
+                logger.log(self.step, values)
+                last = {**last, **values}
             # Sharded EMA weights are gathered by every rank, so all of them call in.
             if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
                 path = preflight.make_dir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png"
@@ -388,12 +392,9 @@ class DiTTrainer:
         return last
 
     def save_sample_grid(self, path, **kwargs):
-        """Draw a grid from the EMA weights (one row per class) with the run's objective; all ranks call it."""
-        from dit_trainer.sample import sample_grid
-
+        """Draw a grid from the EMA weights (a row per class, or per prompt or held-out caption) with the run's
+        objective; all ranks call it."""
         model = self.ema_model()
-        result = None
-        if model is not None:
-            result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
+        result = draw_grid(self, model, path, **kwargs) if model is not None else None
         barrier()
         return result

@@ -93,7 +93,8 @@ class CacheEncoder:
         return out
 
     def encode_text(self, index: np.ndarray):
-        """The stored text rows (`shard_text`) of the captions of images `index`."""
+        """The stored text rows (`shard_text`) of the captions of images `index` (None for none: a sharded
+        encoder's rank with nothing to encode still takes part in the others' calls)."""
         from dit_trainer.data.encode import encode_text_rows
         from dit_trainer.data.shard_text import to_storage
 
@@ -105,7 +106,12 @@ class CacheEncoder:
             self.text_model = ds.text_model.to(self.device)
         with _NoTF32():
             rows = encode_text_rows(self.text_model, [ds.captions[i] for i in index.tolist()])
-        return to_storage(rows, ds.text, ds.where_of(int(index[0])))
+        return to_storage(rows, ds.text, ds.where_of(int(index[0]))) if len(index) else None
+
+    def _text_collective(self) -> bool:
+        """Whether encoding captions is a collective (a sharded text encoder) that every rank joins."""
+        model = self.text_model or self.dataset.text_model
+        return self.dataset.text is not None and getattr(model, "group", None) is not None
 
     def _count(self, n: int) -> None:
         self.encoded += n
@@ -136,6 +142,8 @@ class CacheEncoder:
 
             flips, seeds = epoch_draws(ds.seed, int(batch["epoch"]), idx, ds.random_flip, True)
             batch["x"][torch.from_numpy(todo)] = ds.finish(rows, idx, flips, seeds)
+        elif self._text_collective():
+            self.encode_text(todo)  # the cache held this rank's share; the other ranks' encoder calls need it
         if "text" in batch:  # captions are the condition: the text batch keys, no "y"
             return {"x": batch["x"], **{k: v.long() if k == "text_mask" else v for k, v in batch["text"].items()}}
         if "image" in batch:  # REPA's clean images ride along
@@ -217,8 +225,16 @@ class CacheEncoder:
     def _encode_rest(self, mine: np.ndarray) -> None:
         """Encode images `mine` (no batch of the first epoch asked for them) and write them as pieces."""
         ds = self.dataset
-        for start in range(0, len(mine), ENCODE_BATCH):
+        chunks = -(-len(mine) // ENCODE_BATCH)
+        if self._text_collective():  # every rank runs as many chunks as the busiest, an empty one for the text alone
+            from dit_trainer.text_encoders.parallelize import agreed_calls
+
+            chunks = agreed_calls(self.text_model or ds.text_model, chunks)
+        for start in range(0, chunks * ENCODE_BATCH, ENCODE_BATCH):
             idx = mine[start:start + ENCODE_BATCH]
+            if not len(idx):
+                self.encode_text(idx)
+                continue
             images = []
             for i in idx.tolist():
                 try:
@@ -231,8 +247,14 @@ class CacheEncoder:
 
 def encoder_for(dataset, device, dims=None, progress: bool = True) -> Optional[CacheEncoder]:
     """The stage an image folder's loader needs on `device` (None for other datasets); TP and PP peers
-    of a data-parallel rank encode its share alike, and only the first of them writes it."""
+    of a data-parallel rank encode its share alike, and only the first of them writes it. Under FSDP a
+    frozen text encoder is sharded over the `dp_shard` mesh as the model is (`text_encoders.parallelize`)."""
     if not hasattr(dataset, "where") or not hasattr(dataset, "plan"):
         return None
+    text_model = getattr(dataset, "text_model", None)
+    if dims is not None and dims.fsdp_enabled and text_model is not None and text_model.group is None:
+        from dit_trainer.text_encoders.parallelize import shard_text_encoder
+
+        shard_text_encoder(text_model.to(device), dims.mesh["dp_shard"])
     writes = dims is None or (dims.tp_rank == 0 and dims.pp_rank == 0)
     return CacheEncoder(dataset, device, writes=writes, progress=progress)
