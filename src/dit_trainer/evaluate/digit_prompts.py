@@ -17,18 +17,17 @@ SCORES = ("digit", "weight", "slant", "all")
 
 
 def read_digits(images, device="cpu", batch_size: int = 512) -> np.ndarray:
-    """The digit network's class (int64 (N,)) of N×1×S×S images in [-1, 1] (or uint8 N×S×S×C), read as its FID
-    reads them (uint8, gray, at 16×16)."""
+    """The digit network's class (int64 (N,)) of N×1×S×S images in [-1, 1], read as its FID reads them (rounded
+    to uint8 as the ADM .npz stores them, gray repeated into three channels)."""
     from dit_trainer.evaluate.digits_net import load_digit_net
-    from dit_trainer.sample.images import adm_images
 
     net = load_digit_net(device=device)
-    arr = adm_images(images)
+    x = torch.as_tensor(images).detach().float().cpu()
     out = []
     with torch.no_grad():
-        for start in range(0, len(arr), batch_size):
-            x = torch.from_numpy(arr[start:start + batch_size]).permute(0, 3, 1, 2).to(device)
-            out.append(net(x)["logits"].argmax(1).cpu())
+        for start in range(0, len(x), batch_size):
+            chunk = ((x[start:start + batch_size].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+            out.append(net(chunk.expand(-1, 3, -1, -1).contiguous().to(device))["logits"].argmax(1).cpu())
     return torch.cat(out).numpy().astype(np.int64) if out else np.zeros(0, dtype=np.int64)
 
 
