@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from dit_trainer.demo import demo_config
-    from dit_trainer.demo_text import demo_text_config, run_demo_text, write_text_encoder
+    from dit_trainer.demo_text import DEMO_TEXT_STEPS, demo_text_config, run_demo_text, write_text_encoder
 
     print(f"# demo_text_speed  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"# {machine(torch.device('cpu'))}")
@@ -93,6 +93,8 @@ def main(argv=None) -> int:
           f"{end_in_steps:.0f} class-demo steps (sampling alone {summary['sample_seconds']:.1f} s)")
     print(f"idle budget at {args.class_step} s per class step: end {idle_end:.0f} s, {args.class_step * ratio:.3f} s "
           f"per text step, so {fit} steps fit in {args.budget:.0f} s")
+    print(f"the demo's {DEMO_TEXT_STEPS} steps: {idle_end + DEMO_TEXT_STEPS * args.class_step * ratio:.0f} s idle, "
+          f"end to end")
     return 0
 
 
