@@ -8,6 +8,7 @@ what is allowed. The model family's own options are checked by the family (see m
 import math
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.meanflow.config import check_meanflow
 from dit_trainer.repa.config import check_repa
 
 # (key, test, what is allowed). Tests are written so that NaN fails them.
@@ -176,6 +177,7 @@ def check_values(cfg) -> None:
         raise ConfigError(f"sample.steps is {s.steps!r}; it must be a positive integer")
     check_phema_stds(cfg)
     check_repa(cfg)
+    check_meanflow(cfg)
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")

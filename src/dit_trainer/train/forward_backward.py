@@ -1,7 +1,8 @@
 """The loss of one step's share of the global batch, with its gradients: `ForwardBackward`.
 
-A train step is `x_t, t = objective.model_input(x, draws)`, `out = model(x_t, t, y, drop)`,
-`loss = objective.loss(out, x, draws).mean()`, backward; split into micro-batches with
+A train step is `loss = objective.losses(model_fn, x, draws).mean()` (by default `x_t, t =
+objective.model_input(x, draws)`, `objective.loss(model_fn(x_t, t), x, draws)`; `model_fn` a `StepModel`
+holding the step's labels, dropout mask, routing and autocast), backward; split into micro-batches with
 `train.grad_accum_steps`, or run by the pipeline schedule, which carries `x` and the draws to the
 last stage as its target (the last stage computes the single-process loss per micro-batch).
 """
@@ -13,7 +14,7 @@ from torch._functorch import config as functorch_config
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.parallel.pipeline_parallel import TargetPacking, pipeline_step
-from dit_trainer.repa.objective import as_float
+from dit_trainer.train.step_model import StepModel
 
 
 class ForwardBackward:
@@ -62,15 +63,14 @@ class ForwardBackward:
             sl = slice(m * local // accum, (m + 1) * local // accum)
             part = {k: v[sl] for k, v in draws.items()}
             with self._no_sync(m < accum - 1):
-                x_t, t = self.objective.model_input(x[sl], part)
                 # Autocast only the network; the objective's arithmetic around it stays in float32.
                 # Only a routed run passes `route`: a registered model need not know the keyword.
                 routed = {} if route is None else {"route": route.part(sl)}
                 if getattr(self.objective, "wants_features", False):
                     routed["repa"] = True  # (output, projected tokens) for REPA's term
-                with self.forward_context():
-                    out = model(x_t, t, y=y[sl], force_drop_ids=drop[sl], **routed)
-                losses = self.objective.loss(as_float(out), x[sl], part)
+                # The objective calls the network (once, or for MeanFlow's JVP more often) through this.
+                model_fn = StepModel(model, y[sl], drop[sl], self.forward_context, routed)
+                losses = self.objective.losses(model_fn, x[sl], part)
                 self.objective.observe(part, losses.detach())
                 loss = losses.mean() / accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
