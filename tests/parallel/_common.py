@@ -36,6 +36,8 @@ TINY_MODELS = {
     # DiT with every block option on: RMSNorm, SwiGLU, 2-D RoPE and per-head q/k norms.
     "blockopts": ("diffusion", {"name": "DiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4, "norm": "rmsnorm",
                                 "mlp": "swiglu", "rope": True, "qk_norm": True}),
+    # MeanFlow: SiT with the interval input, the JVP in every step, guidance folded into the target.
+    "mf": ("meanflow", {"name": "SiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4}),
 }
 
 
@@ -119,8 +121,15 @@ OPTIONS = {
     "lognormal": ("dit", {"diffusion": {"timestep_sampler": "lognormal", "timestep_std": 1.5}}),
     "minsnr": ("dit", {"diffusion": {"loss_weighting": "min-snr", "min_snr_gamma": 2.0}}),
     "direction": ("sit", {"transport": {"t_sampler": "logit-normal", "direction_loss_weight": 0.5}}),
+    # MeanFlow's two JVP paths (tensor parallelism refuses it: DTensor has no forward-mode AD). norm_p 0.5:
+    # the default adaptive weight logs every loss as about 1, which would hide a layout's difference.
+    "mfseparate": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5}}),
+    "mfgraph": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "graph"}}),
 }
-LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS for name in ("fsdp", "tp")}
+# Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive.
+OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",)}
+LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
+                   for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 
 
 def option_sections(layout: str) -> dict:
