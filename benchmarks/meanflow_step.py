@@ -8,7 +8,8 @@ same in-memory batches, alternating step by step in one process; on a GPU each v
     python benchmarks/meanflow_step.py --check-compile      # also: compiled steps equal eager ones
 
 Variants: `flow` (SiT's velocity loss), `mf separate` / `mf graph` (meanflow.jvp; guidance at the official
-omega 1, kappa 0.5: two more forwards under no_grad), and `unguided` the same without guidance (omega 1, kappa 0).
+omega 1, kappa 0.5: two more forwards under no_grad), `unguided` the same without guidance (omega 1, kappa 0),
+`omega 2` with guidance of kappa 0 (one more forward: only the unconditional velocity).
 `--check-compile` trains two MeanFlow steps eager and compiled (train.compile true) and prints both losses
 and gradient norms (the first compiled step costs about a minute on two CPU cores).
 """
@@ -29,6 +30,9 @@ VARIANTS = {
     "mf graph": ("meanflow", {"jvp": "graph"}),
     "mf separate unguided": ("meanflow", {"jvp": "separate", "kappa": 0.0}),
     "mf graph unguided": ("meanflow", {"jvp": "graph", "kappa": 0.0}),
+    # kappa 0: only the unconditional velocity is needed, one forward under no_grad (the digits demo's)
+    "mf separate omega 2": ("meanflow", {"jvp": "separate", "omega": 2.0, "kappa": 0.0}),
+    "mf graph omega 2": ("meanflow", {"jvp": "graph", "omega": 2.0, "kappa": 0.0}),
 }
 
 
@@ -80,7 +84,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     ap.add_argument("--check-compile", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from dit_trainer.train import DiTTrainer
 

@@ -96,6 +96,25 @@ class MeanFlowObjective(Objective):
         v_g = guided_velocity(v, t, v_uncond, v_cond, m.omega, m.kappa, m.guidance_t_start, m.guidance_t_end)
         return torch.where(_per_sample(model_fn.dropped.bool(), v), v, v_g)
 
+    def _u_fp32(self, model_fn):
+        def u_fp32(z, t, r):
+            return self.u(model_fn, z, t, r, amp=False)
+
+        return u_fp32
+
+    def _moving_derivative(self, model_fn, z, t, r, v):
+        """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
+        on those samples alone, a share `ratio` of the batch. Never on none: every rank makes the same calls
+        (FSDP gathers the weights in them), so a micro-batch without such a sample sends its first."""
+        index = torch.nonzero(r != t).flatten()
+        dudt = torch.zeros_like(z)
+        if len(index) == len(t):
+            return time_derivative(self._u_fp32(model_fn), z, t, r, v)[1]
+        rows = index if len(index) else torch.zeros(1, dtype=torch.long, device=t.device)
+        _, part = time_derivative(self._u_fp32(model_fn.rows(rows)), z[rows], t[rows], r[rows], v[rows])
+        dudt[index] = part[: len(index)].to(dudt.dtype)
+        return dudt
+
     def losses(self, model_fn, x, draws):
         """(n,) adaptive-weighted squared error of u against sg(v_g - (t - r) du/dt), the JVP and loss in fp32."""
         t, r = draws["t"], draws["r"]
@@ -104,12 +123,11 @@ class MeanFlowObjective(Objective):
         v_g = self.target_velocity(model_fn, z, t, v)
         graph = self.config.jvp == "graph"
 
-        def u_fp32(z, t, r):
-            return self.u(model_fn, z, t, r, amp=False)
-
-        u, dudt = time_derivative(u_fp32, z, t, r, v_g, graph=graph)
-        if not graph:  # the loss's own forward, under the run's autocast like any train step
-            u = self.u(model_fn, z, t, r)
+        if graph:
+            u, dudt = time_derivative(self._u_fp32(model_fn), z, t, r, v_g, graph=True)
+        else:
+            dudt = self._moving_derivative(model_fn, z, t, r, v_g)
+            u = self.u(model_fn, z, t, r)  # the loss's own forward, under the run's autocast like any train step
         target = meanflow_target(v_g, dudt.float(), t, r)
         return meanflow_loss(u.float(), target, self.config.norm_p, self.config.norm_eps)
 

@@ -18,11 +18,19 @@ class StepModel:
 
     `drop` (n,) replaces the step's label-dropout mask for this call (all ones: unconditional, zeros:
     conditional); `amp=False` runs it in float32 inside the run's autocast; `h` is MeanFlow's interval.
-    `dropped` is the step's own mask."""
+    `dropped` is the step's own mask; `rows(index)` the same network for some of the samples."""
 
     def __init__(self, model, y, drop, context, extra=None):
         self.model, self.y, self.dropped, self.context = model, y, drop, context
         self.extra = dict(extra or {})
+
+    def rows(self, index) -> "StepModel":
+        """The same network for the samples `index` (a 1-D index tensor) of this micro-batch: their labels,
+        mask and routing."""
+        extra = dict(self.extra)
+        if "route" in extra:
+            extra["route"] = extra["route"].part(index)
+        return StepModel(self.model, self.y[index], self.dropped[index], self.context, extra)
 
     def __call__(self, x_t, t, h=None, drop=None, amp=True):
         kwargs = dict(self.extra)
