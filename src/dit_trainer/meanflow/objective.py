@@ -6,7 +6,6 @@ step z_r = z_t - (t - r) u. The network's, SiT's (this project's transport, Line
 output is -u; a SiT's weights, with the interval embedder at zero, are the MeanFlow model at h = 0.
 """
 
-import dataclasses
 from collections.abc import Mapping
 
 import torch
@@ -18,21 +17,16 @@ from dit_trainer.meanflow.sampler import sample_meanflow, uniform_schedule
 from dit_trainer.meanflow.target import guided_velocity, meanflow_loss, meanflow_target
 from dit_trainer.meanflow.timesteps import sample_t_r
 from dit_trainer.objective import Objective
+from dit_trainer.typed import build_dataclass
 
 
 def meanflow_config(cfg) -> MeanFlowConfig:
     """`cfg.meanflow` as a MeanFlowConfig (a dataclass, a mapping, or absent for the defaults)."""
     section = getattr(cfg, "meanflow", None)
-    if section is None:
-        return MeanFlowConfig()
-    if isinstance(section, MeanFlowConfig):
-        return section
+    if section is None or isinstance(section, MeanFlowConfig):
+        return section or MeanFlowConfig()
     if isinstance(section, Mapping):
-        known = {f.name for f in dataclasses.fields(MeanFlowConfig)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise ConfigError(f"unknown meanflow key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return MeanFlowConfig(**section)
+        return build_dataclass(MeanFlowConfig, dict(section), prefix="meanflow.")
     raise ConfigError(f"config section `meanflow` must be a mapping, got {type(section).__name__}")
 
 
@@ -122,12 +116,12 @@ class MeanFlowObjective(Objective):
         v = draws["noise"].to(x) - x
         v_g = self.target_velocity(model_fn, z, t, v)
         graph = self.config.jvp == "graph"
-
         if graph:
             u, dudt = time_derivative(self._u_fp32(model_fn), z, t, r, v_g, graph=True)
         else:
-            dudt = self._moving_derivative(model_fn, z, t, r, v_g)
             u = self.u(model_fn, z, t, r)  # the loss's own forward, under the run's autocast like any train step
+            # After that forward is queued: choosing the samples waits for the device (a GPU runs it meanwhile).
+            dudt = self._moving_derivative(model_fn, z, t, r, v_g)
         target = meanflow_target(v_g, dudt.float(), t, r)
         return meanflow_loss(u.float(), target, self.config.norm_p, self.config.norm_eps)
 
