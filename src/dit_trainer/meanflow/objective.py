@@ -34,6 +34,14 @@ def _per_sample(a, like):
     return a.reshape(-1, *([1] * (like.dim() - 1)))
 
 
+def _rows(mask):
+    """(the samples `mask` selects, the rows to call the network on): those, or the first sample when none is,
+    so that every rank makes the same calls (FSDP gathers the weights in them); the caller keeps only
+    the first len(index) results."""
+    index = torch.nonzero(mask).flatten()
+    return index, index if len(index) else torch.zeros(1, dtype=torch.long, device=mask.device)
+
+
 class MeanFlowObjective(Objective):
     """Draws (t, r, noise); its loss regresses the network's average velocity on the MeanFlow target."""
 
@@ -79,16 +87,21 @@ class MeanFlowObjective(Objective):
         raise NotImplementedError("MeanFlowObjective scores through losses(model_fn, x, draws): its target takes a JVP")
 
     def target_velocity(self, model_fn, z, t, v):
-        """v, or the guided velocity of the official code (its network at h = 0, no gradient), kept v for the
-        samples whose label the step drops."""
+        """v, or the guided velocity of the official code: from the network's own velocities at h = 0 (no
+        gradient), computed for the samples inside the guidance's t-range whose label the step keeps; the
+        others keep v (those whose label is dropped, as the JAX code's cond_drop, learn the plain v)."""
         if not self.guided:
             return v
         m = self.config
+        index, rows = _rows((t >= m.guidance_t_start) & (t <= m.guidance_t_end) & (model_fn.dropped == 0))
+        fn, z_g, t_g = model_fn.rows(rows), z[rows], t[rows]
         with torch.no_grad():
-            v_uncond = self.u(model_fn, z, t, t, drop=torch.ones_like(model_fn.dropped))
-            v_cond = self.u(model_fn, z, t, t, drop=torch.zeros_like(model_fn.dropped)) if m.kappa else None
-        v_g = guided_velocity(v, t, v_uncond, v_cond, m.omega, m.kappa, m.guidance_t_start, m.guidance_t_end)
-        return torch.where(_per_sample(model_fn.dropped.bool(), v), v, v_g)
+            v_uncond = self.u(fn, z_g, t_g, t_g, drop=torch.ones_like(fn.dropped))
+            v_cond = self.u(fn, z_g, t_g, t_g, drop=torch.zeros_like(fn.dropped)) if m.kappa else None
+        guided_v = guided_velocity(v[rows], t_g, v_uncond, v_cond, m.omega, m.kappa, m.guidance_t_start, m.guidance_t_end)
+        v_g = v.clone()
+        v_g[index] = guided_v[: len(index)].to(v.dtype)
+        return v_g
 
     def _u_fp32(self, model_fn):
         def u_fp32(z, t, r):
@@ -98,14 +111,12 @@ class MeanFlowObjective(Objective):
 
     def _moving_derivative(self, model_fn, z, t, r, v):
         """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
-        on those samples alone, a share `ratio` of the batch. Never on none: every rank makes the same calls
-        (FSDP gathers the weights in them), so a micro-batch without such a sample sends its first."""
-        index = torch.nonzero(r != t).flatten()
-        dudt = torch.zeros_like(z)
+        on those samples alone, a share `ratio` of the batch."""
+        index, rows = _rows(r != t)
         if len(index) == len(t):
             return time_derivative(self._u_fp32(model_fn), z, t, r, v)[1]
-        rows = index if len(index) else torch.zeros(1, dtype=torch.long, device=t.device)
         _, part = time_derivative(self._u_fp32(model_fn.rows(rows)), z[rows], t[rows], r[rows], v[rows])
+        dudt = torch.zeros_like(z)
         dudt[index] = part[: len(index)].to(dudt.dtype)
         return dudt
 
@@ -114,13 +125,13 @@ class MeanFlowObjective(Objective):
         t, r = draws["t"], draws["r"]
         z, _ = self.model_input(x, draws)
         v = draws["noise"].to(x) - x
-        v_g = self.target_velocity(model_fn, z, t, v)
-        graph = self.config.jvp == "graph"
-        if graph:
+        if self.config.jvp == "graph":
+            v_g = self.target_velocity(model_fn, z, t, v)
             u, dudt = time_derivative(self._u_fp32(model_fn), z, t, r, v_g, graph=True)
         else:
             u = self.u(model_fn, z, t, r)  # the loss's own forward, under the run's autocast like any train step
             # After that forward is queued: choosing the samples waits for the device (a GPU runs it meanwhile).
+            v_g = self.target_velocity(model_fn, z, t, v)
             dudt = self._moving_derivative(model_fn, z, t, r, v_g)
         target = meanflow_target(v_g, dudt.float(), t, r)
         return meanflow_loss(u.float(), target, self.config.norm_p, self.config.norm_eps)
