@@ -52,6 +52,23 @@ def test_a_released_sit_starts_a_meanflow_model_as_that_flow_model(tmp_path):
         assert torch.equal(model(x, t, y, h=torch.zeros(3)), release.eval()(x, t, y))
 
 
+@pytest.mark.parametrize("kind", ["dit", "ldit"])
+def test_dit_and_large_dit_train_as_meanflow(tmp_path, kind):
+    """The other families (DiT with its learned-sigma half, Large-DiT) take MeanFlow steps and learn h (from
+    the third: adaLN-Zero's zero output layer, then zero modulation, pass no gradient to any embedder before)."""
+    from dit_trainer.config import build_config
+
+    d = tiny_config(tmp_path / kind, kind=kind, train={"max_steps": 3}).to_dict()
+    d["objective"] = "meanflow"
+    trainer = DiTTrainer(build_config(d), dataset=TinyLatents())
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if k.startswith("h_embedder.mlp.2")}
+    loader = trainer.build_loader()
+    out = [trainer.train_step(next(loader)) for _ in range(3)][-1]
+    assert torch.isfinite(torch.tensor(out["loss"])) and out["grad_norm"] > 0
+    after = trainer.model.state_dict()
+    assert before and all(not torch.equal(before[k], after[k]) for k in before)
+
+
 def test_resume_is_bitwise(tmp_path):
     whole = train(meanflow_config(tmp_path / "whole"))
     part = tmp_path / "part"
