@@ -37,7 +37,8 @@ def test_demo_short_run(tmp_path, capsys):
     import re
 
     settings = json.loads(str(data["settings"]))
-    # Drawn with the run's recommendation: the post-hoc EMA rebuilt at the end, the guide halfway.
+    # Drawn with the run's recommendation: the post-hoc EMA rebuilt at the end, the guide at the snapshot nearest
+    # halfway (snapshots every 3 steps: 9).
     assert settings["ckpt"].endswith("phema/std0.050-step00000020") and settings["guide"].endswith("std0.100-step00000009")
     assert (settings["cfg_scale"], settings["guide_scale"], settings["steps"]) == (1.1, 2.0, 9)
     out = capsys.readouterr().out
@@ -50,7 +51,7 @@ def test_demo_short_run(tmp_path, capsys):
     assert 0 <= logged[0]["recognised"] <= 1 and 0 <= logged[0]["recall"] <= 1
     # dit sample on the run takes the same recommendation by default.
     cfg = build_config(tmp_path / "config.yaml")
-    assert cfg.sample.guide == "phema/std0.100-step00000009" and cfg.sample.ema_std == 0.05
+    assert cfg.sample.guide == "phema/std0.100@50%" and cfg.sample.ema_std == 0.05
     assert main(["sample", "--ckpt", str(tmp_path), "--class-labels", "3", "--out", str(tmp_path / "one.png"),
                  "--no-progress", "--device", "cpu"]) == 0
 

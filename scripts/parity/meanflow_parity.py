@@ -73,7 +73,11 @@ def step_model(model, y, drop):
 
     from dit_trainer.train.step_model import StepModel
 
-    return StepModel(model, y, drop, contextlib.nullcontext)
+    from dit_trainer.condition.label import ClassCondition
+    from dit_trainer.train.step_model import HeldCondition
+
+    held = HeldCondition(ClassCondition(model.num_classes), {"y": y}, drop)
+    return StepModel(model, held.condition.drop(held.kwargs, drop), contextlib.nullcontext, held=held)
 
 
 def paper_net(model, y, drop):

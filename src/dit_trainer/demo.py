@@ -27,11 +27,13 @@ DEMO_STEPS = {"diffusion": 1400, "transport": 1200, "meanflow": meanflow_demo.ST
 # recognises, and the grid, all from one batch drawn as the run recommends (the `sample:` section).
 DEMO_FID_SAMPLES = 1000
 # Post-hoc EMA: the two widths EDM2 tracks. The main model samples with the 0.05 profile at the last step,
-# the autoguidance guide with the 0.10 profile at half the run; both are tracked widths at snapshot steps,
-# so `dit ema` rebuilds them exactly. Chosen on seed 0 from a sweep of widths 0.02..0.18 (benchmarks/RESULTS.md).
+# the autoguidance guide with the 0.10 profile halfway (named by its share of the run, so the config's
+# `sample:` section fits a run of any length); at the demo's lengths both are snapshot steps, so they are
+# rebuilt exactly. Chosen on seed 0 from a sweep of widths 0.02..0.18 (benchmarks/RESULTS.md).
 DEMO_PHEMA_STDS = (0.05, 0.10)
 MAIN_STD, GUIDE_STD = 0.05, 0.10
-# Snapshots: six per run (the guide's step is the third), 11 MB each in fp16.
+GUIDE = "phema/std0.100@50%"  # the guide spec (config/guide_spec.py): GUIDE_STD at the snapshot nearest half the run
+# Snapshots: six per run (the guide's step, halfway, is the third), 11 MB each in fp16.
 SNAPSHOTS = 6
 
 
@@ -47,21 +49,13 @@ def snapshot_every(steps: int) -> int:
     return max(1, steps // SNAPSHOTS)
 
 
-def guide_step(steps: int) -> int:
-    """The autoguidance guide's step: the snapshot halfway through the run."""
-    return snapshot_every(steps) * (SNAPSHOTS // 2)
-
-
-def recommended_sampling(objective: str, steps: int) -> dict:
+def recommended_sampling(objective: str) -> dict:
     """The `sample:` section the demo records: how its samples are drawn (chosen on seed 0, reported on seed 1:
     benchmarks/RESULTS.md, "Guidance and post-hoc EMA on the digits")."""
-    from dit_trainer.phema.paths import phema_folder
-
-    guide = phema_folder(".", GUIDE_STD, guide_step(steps)).relative_to(".").as_posix()
     # The guide is the run halfway (its 0.10 profile): autoguidance weight 2 with a touch of classifier-free
     # guidance (1.1), both only above noise level 1, where the digit's shape is decided: recognised as often
     # as guidance 1.2 everywhere, at a lower FID and with more variety.
-    common = {"guide": guide, "guide_scale": 2.0, "guidance_interval": [1.0, float("inf")], "cfg_scale": 1.1,
+    common = {"guide": GUIDE, "guide_scale": 2.0, "guidance_interval": [1.0, float("inf")], "cfg_scale": 1.1,
               "ema_std": MAIN_STD}
     if objective == "transport":
         return {**common, "steps": 9}  # 9 midpoint steps (16 evaluations per branch) scored as 25 did
@@ -102,36 +96,32 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
         "checkpoint": {"save_steps": 1000, "save_total_limit": 1},
         "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 25,
                     "sample_cfg_scale": 4.0, "samples_per_class": 10},
-        "sample": recommended_sampling(objective, int(steps)),
+        "sample": recommended_sampling(objective),
     } | (meanflow_demo.settings(int(steps)) if objective == "meanflow" else {})
 
 
-def _sampling_args(out, num_samples, device, progress):
-    """`dit sample-ddp`'s flags for the demo's batch: everything else from the run's `sample:` section. Its own
-    --seed (0) is left as it is, so runs of every `--seed` are compared on the same starting noise."""
-    from dit_trainer.cli import build_parser
+def sampling_settings(out, num_samples, device, progress):
+    """The SampleSettings of the demo's batch: `dit sample-ddp`'s defaults with the run's `sample:` section in `out`.
+    Its seed (0) stays as it is, so runs of every `--seed` are compared on the same starting noise."""
+    from dit_trainer import checkpoint
+    from dit_trainer.sample.settings import resolve
 
-    return build_parser().parse_args(["sample-ddp", "--ckpt", str(out), "--npz", str(Path(out) / "samples.npz"),
-                                      "--num-samples", str(num_samples), "--batch-size", "250",
-                                      "--device", str(device), "--overwrite", *([] if progress else ["--no-progress"])])
+    given = {"ckpt": str(out), "npz": str(Path(out) / "samples.npz"), "num_samples": int(num_samples),
+             "batch_size": 250, "device": str(device), "overwrite": True, "progress": bool(progress)}
+    return resolve(given, checkpoint.open(out).config().sample, release_cfg_scale=1.5)
 
 
 def draw_recommended(out, num_samples, device, progress=False):
-    """(the samples .npz, the resolved sampling flags): `num_samples` drawn as the run in `out` recommends,
-    its post-hoc EMA widths rebuilt first (the main model's at the last step, the guide's halfway)."""
+    """(the samples .npz, its SampleSettings): `num_samples` drawn as the run in `out` recommends, the post-hoc EMA
+    folders it names (the main model's at the last step, the guide's halfway) rebuilt first where missing."""
     from dit_trainer import checkpoint
-    from dit_trainer.phema import reconstruct
-    from dit_trainer.sample.cli import fid_settings, load_vae, prepare_sampling
+    from dit_trainer.sample.cli import load_vae, prepare_sampling
     from dit_trainer.sample.fid_batch import write_fid_batch
 
-    reader = checkpoint.open(out)
-    cfg = reader.config()
-    step = cfg.train.max_steps
-    reconstruct(out, [MAIN_STD], at_step=step)
-    reconstruct(out, [GUIDE_STD], at_step=guide_step(step))
-    sampling = prepare_sampling(_sampling_args(out, num_samples, device, progress), reader, device)
-    load_vae(sampling.args, sampling)
-    return write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling), sampling.args
+    settings = sampling_settings(out, num_samples, device, progress)
+    sampling = prepare_sampling(settings, checkpoint.open(out), device)
+    load_vae(sampling)
+    return write_fid_batch(settings, sampling.reader, sampling), settings
 
 
 def recognised(npz) -> float:
@@ -257,11 +247,11 @@ def describe_meanflow() -> str:
     return f"MeanFlow's sampler at {steps} steps, unguided, post-hoc EMA {meanflow_demo.MAIN_STD}"
 
 
-def describe(args) -> str:
-    """The sampling settings of resolved flags, in words."""
+def describe(settings) -> str:
+    """A SampleSettings' sampling, in words."""
     from dit_trainer.sample.sweep import describe as spec
 
-    return f"{spec(args)}, {args.steps} steps"
+    return f"{spec(settings)}, {settings.steps} steps"
 
 
 def add_commands(sub) -> None:

@@ -21,3 +21,23 @@ def lazy_exports(package: str, table: dict, namespace: dict):
         return sorted(set(namespace) | set(table))
 
     return __getattr__, __dir__
+
+
+def resolve(target: str):
+    """The object a "module:attr" string names (attr may be dotted): how registries name their factories
+    without importing them until asked."""
+    module_name, attr = target.split(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def register_target(table: dict, name: str, target: str, what: str) -> None:
+    """`table[name] = target` ("module:attr"), for a registry of `what`s; a malformed target, or a name
+    another target holds, is a ValueError."""
+    if ":" not in target:
+        raise ValueError(f"{what} target {target!r} must read 'module:attr'")
+    if name in table and table[name] != target:
+        raise ValueError(f"{what} {name!r} is already registered as {table[name]}")
+    table[name] = target

@@ -6,9 +6,8 @@ which reads `cfg.objective` ("diffusion" when absent). Implementations live in t
 module imports no torch and no objective package.
 """
 
-import importlib
-
 from dit_trainer.errors import ConfigError
+from dit_trainer.lazy import register_target, resolve
 
 
 class Objective:
@@ -41,6 +40,21 @@ class Objective:
 
     def observe(self, draws, losses):
         """Feed per-sample losses to a loss-aware t sampler; nothing by default."""
+
+    def validation_times(self, k: int):
+        """(k,) network times at noise fractions 0, 1/k, ..., (k-1)/k of the way from the data to pure noise:
+        the fixed levels a validation loss is measured at (SD3's 8 equally spaced t)."""
+        raise NotImplementedError(f"objective {self.name!r} has no fixed noise levels to validate at")
+
+    def draws_at(self, t, noise):
+        """The draws of a step at given network times `t` (n,) and noise (n, ...): what `draw` returns,
+        without randomness (importance weights 1)."""
+        raise NotImplementedError(f"objective {self.name!r} has no fixed noise levels to validate at")
+
+    def validation_loss(self, output, x, draws):
+        """(n,) per-sample loss a validation reports: the training loss, without terms the network's
+        plain output cannot give (REPA's alignment)."""
+        return self.loss(output, x, draws)
 
     def state_dict(self):
         """Whatever must survive a resume; nothing by default."""
@@ -96,11 +110,7 @@ _INTERVAL = {"meanflow"}
 def register_objective(name: str, target: str, interval: bool = False) -> None:
     """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted); `interval`:
     its network takes the interval h as a second time input."""
-    if ":" not in target:
-        raise ValueError(f"objective target {target!r} must read 'module:attr'")
-    if name in _FACTORIES and _FACTORIES[name] != target:
-        raise ValueError(f"objective {name!r} is already registered as {_FACTORIES[name]}")
-    _FACTORIES[name] = target
+    register_target(_FACTORIES, name, target, "objective")
     if interval:
         _INTERVAL.add(name)
 
@@ -115,14 +125,6 @@ def list_objectives() -> list:
     return list(_FACTORIES)
 
 
-def _resolve(target: str):
-    module_name, attr = target.split(":")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def build_objective(cfg):
     """The objective named by `cfg.objective` ("diffusion" when absent), built from `cfg`."""
     name = getattr(cfg, "objective", None) or "diffusion"
@@ -131,4 +133,4 @@ def build_objective(cfg):
                           "dit_trainer.config.build_config, or set `objective:` to one of " + ", ".join(_FACTORIES))
     if name not in _FACTORIES:
         raise ConfigError(f"objective {name!r} is not one of {', '.join(_FACTORIES)}; set `objective:` in the config")
-    return _resolve(_FACTORIES[name])(cfg)
+    return resolve(_FACTORIES[name])(cfg)

@@ -23,7 +23,7 @@ def test_every_spec_parses_and_the_last_is_the_demos_recommendation():
     specs = _load().specs("G")
     parsed = [parse_spec(s) for s in specs]
     assert parsed[0] == {"cfg_scale": 1.0, "ema_std": "none"}
-    demo = recommended_sampling("transport", 1200)
+    demo = recommended_sampling("transport")
     last = parsed[-1]
     assert (last["cfg_scale"], last["guide_scale"], last["guidance_interval"], float(last["ema_std"])) == (
         demo["cfg_scale"], demo["guide_scale"], demo["guidance_interval"], demo["ema_std"])

@@ -85,6 +85,17 @@ def test_radii_and_precision_recall_are_the_earlier_ones_bit_for_bit(dtype, batc
     assert 0.0 < got[0] < 1.0 and 0.0 < got[1] < 1.0  # ball edges in play, so a wrong radius would show
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_norms_taken_a_chunk_of_rows_at_a_time_are_the_same_bits(dtype, monkeypatch):
+    from dit_trainer.evaluate import precision_recall as pr
+
+    monkeypatch.setattr(pr, "CHUNK", 24 * 5)  # five rows a chunk: 40-row blocks end in a chunk of fewer
+    ref, sam = _features(3, n_ref=88, n_sam=81)
+    for f in (ref, sam):
+        assert _same_bits(manifold_radii(f, batch_size=41, dtype=dtype), old_radii(f, 3, 41, dtype))
+    assert precision_recall(ref, sam, batch_size=41, dtype=dtype) == old_precision_recall(ref, sam, 3, 41, dtype)
+
+
 @pytest.mark.parametrize("batch_size", [30, 64])
 def test_blocks_that_overflow_float16_are_recomputed_as_before(batch_size):
     # Norms near float16's 65,504: some blocks overflow and fall back to float32, others do not.

@@ -47,4 +47,8 @@ def step_model(model, y, drop):
     """The trainer's model_fn for this micro-batch (no autocast: fp32)."""
     import contextlib
 
-    return StepModel(model, y, drop, contextlib.nullcontext)
+    from dit_trainer.condition.label import ClassCondition
+    from dit_trainer.train.step_model import HeldCondition
+
+    held = HeldCondition(ClassCondition(model.num_classes), {"y": y}, drop)
+    return StepModel(model, held.condition.drop(held.kwargs, drop), contextlib.nullcontext, held=held)

@@ -128,3 +128,12 @@ def test_graph_jvp_is_refused_under_ddp(tmp_path):
         preflight.check_layout(cfg, DDP())
     cfg.meanflow.jvp = "separate"
     preflight.check_layout(cfg, DDP())
+
+
+def test_a_family_without_the_interval_input_is_refused_in_one_line(tmp_path):
+    """PixArt builds no interval embedder: a MeanFlow run of it stops before its first step, in one line."""
+    from tests.parallel._common import TinyCaptions
+
+    cfg = tiny_config(tmp_path / "run", kind="pixart", objective="meanflow", train={"max_steps": 1})
+    with pytest.raises(ConfigError, match="needs the interval input h, which model PixArt"):
+        DiTTrainer(cfg, dataset=TinyCaptions())

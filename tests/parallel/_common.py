@@ -26,6 +26,32 @@ class TinyLatents(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
+class TinyCaptions(torch.utils.data.Dataset):
+    """64 fixed random 4x8x8 latents with captions of 1 to 5 tokens (a text encoder's 16-wide outputs, stored
+    in float16 as extract may store them), and the null caption's encoding: the batch the text contract names."""
+
+    tokens, width = 5, 16
+
+    def __init__(self, n=64):
+        g = torch.Generator().manual_seed(4321)
+        self.x = torch.randn(n, 4, 8, 8, generator=g)
+        self.text_embeds = torch.randn(n, self.tokens, self.width, generator=g).half()
+        lengths = torch.randint(1, self.tokens + 1, (n,), generator=g)
+        self.text_mask = (torch.arange(self.tokens)[None] < lengths[:, None]).long()
+        self._null = {"text_embeds": torch.randn(self.tokens, self.width, generator=g).half(),
+                      "text_mask": torch.tensor([1] + [0] * (self.tokens - 1))}
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "text_embeds": self.text_embeds[i], "text_mask": self.text_mask[i]}
+
+    def null_text(self) -> dict:
+        """The encoding of "" (no batch dim)."""
+        return dict(self._null)
+
+
 # The tiny member of each family the layouts train: (objective, model section).
 TINY_MODELS = {
     "dit": ("diffusion", {"name": "DiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4}),
@@ -36,9 +62,17 @@ TINY_MODELS = {
     # DiT with every block option on: RMSNorm, SwiGLU, 2-D RoPE and per-head q/k norms.
     "blockopts": ("diffusion", {"name": "DiT-S/2", "depth": 4, "hidden_size": 64, "num_heads": 4, "norm": "rmsnorm",
                                 "mlp": "swiglu", "rope": True, "qk_norm": True}),
+    # Text-conditioned: cross-attention to TinyCaptions' padded captions, half of them dropped to the null caption.
+    "pixart": ("diffusion", {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4,
+                             "text_hidden_size": TinyCaptions.width}),
     # MeanFlow: SiT with the interval input, the JVP in every step, guidance folded into the target.
     "mf": ("meanflow", {"name": "SiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4}),
 }
+
+
+def dataset_for(kind: str):
+    """The tiny data a layout's family trains on: captions for PixArt, labels for the rest."""
+    return TinyCaptions() if kind == "pixart" else TinyLatents()
 
 
 def tiny_config(out, parallel=None, kind="dit", **sections):
@@ -59,16 +93,60 @@ def tiny_config(out, parallel=None, kind="dit", **sections):
         "logging": {"log_steps": 1, "tensorboard": False, "progress": False},
         "parallel": dict(parallel or {}),
     }
+    if kind == "pixart":
+        d["data"]["caption_dropout_prob"] = 0.5  # many dropped rows, so a layout that dropped others would show
     for name, values in sections.items():
-        d.setdefault(name, {}).update(values)
+        if isinstance(values, dict):
+            d.setdefault(name, {}).update(values)
+        else:  # a top-level key (objective)
+            d[name] = values
     return build_config(d)
 
 
-def train_one_process(run, **kwargs):
-    """Train tiny_config(run, **kwargs) on TinyLatents in this process."""
+class DroppedRows:
+    """Per step, the global-batch rows whose caption reached the model as the null caption's encoding."""
+
+    def __init__(self, trainer):
+        self.steps = []
+        null = trainer.condition.null["text_embeds"]
+        local = trainer.cfg.train.global_batch_size // trainer.dims.dp_size
+        first = trainer.dims.dp_rank * local
+
+        def hook(module, args, kwargs):
+            if not module.training:
+                return  # a validation's forward, not a step's
+            embeds = kwargs["text_embeds"]
+            self.steps.append([first + i for i in range(len(embeds)) if torch.equal(embeds[i], null)])
+
+        trainer.model.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def write(self, path) -> None:
+        Path(path).write_text(json.dumps(self.steps))
+
+
+def read_dropped(run) -> list:
+    """Per step, the rows every rank of a run saw dropped (dropped-*.json), merged."""
+    steps = None
+    for path in sorted(Path(run).glob("dropped-*.json")):
+        rows = json.loads(path.read_text())
+        steps = [sorted(set(a) | set(b)) for a, b in zip(steps, rows)] if steps is not None else rows
+    return steps
+
+
+def train_run(cfg, kind: str, rank: int = 0) -> None:
+    """Train `cfg` on the family's tiny data; a text family's run records its dropped rows (dropped-RANK.json)."""
     from dit_trainer.train import DiTTrainer
 
-    DiTTrainer(tiny_config(run, **kwargs), dataset=TinyLatents()).train()
+    trainer = DiTTrainer(cfg, dataset=dataset_for(kind))
+    dropped = DroppedRows(trainer) if kind == "pixart" else None
+    trainer.train()
+    if dropped is not None:
+        dropped.write(Path(cfg.output_dir) / f"dropped-{rank}.json")
+
+
+def train_one_process(run, **kwargs):
+    """Train tiny_config(run, **kwargs) on its family's tiny data in this process."""
+    train_run(tiny_config(run, **kwargs), kwargs.get("kind", "dit"))
 
 
 @contextlib.contextmanager
@@ -110,6 +188,8 @@ LAYOUTS_4 = {
 LAYOUTS_2.update({f"{kind}_{name}": LAYOUTS_2[src] for kind in ("sit", "ldit")
                   for name, src in (("fsdp", "fsdp"), ("tp", "tp"), ("pp", "pp_1f1b"))})
 LAYOUTS_4["ldit_fsdp_tp"] = LAYOUTS_4["fsdp_tp"]
+# PixArt (text-conditioned, cross-attention; not pipelined) under FSDP and TP against "pixart_reference".
+LAYOUTS_2.update({"pixart_fsdp": LAYOUTS_2["fsdp"], "pixart_tp": LAYOUTS_2["tp"]})
 # The block options' layers under TP (their plan) and FSDP, in a launch of their own (test_block_options_layouts).
 BLOCK_OPTION_LAYOUTS = {"blockopts_tp": LAYOUTS_2["tp"], "blockopts_fsdp": LAYOUTS_2["fsdp"]}
 
@@ -132,10 +212,17 @@ LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
                    for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 
 
+# PixArt's runs hold 8 captions out and validate at their checkpoints: every layout's validation loss is
+# one process's (fixed levels and noise, each rank a share of the held-out samples).
+PIXART_SECTIONS = {"data": {"val_split": 8}}
+
+
 def option_sections(layout: str) -> dict:
-    """The config sections of an "opt-<name>_..." run; none for the other layouts."""
+    """The config sections a layout's run adds: an "opt-<name>_..." run's options, PixArt's held-out captions."""
     head = layout.split("_")[0]
-    return OPTIONS[head[4:]][1] if head.startswith("opt-") else {}
+    if head.startswith("opt-"):
+        return OPTIONS[head[4:]][1]
+    return PIXART_SECTIONS if head == "pixart" else {}
 
 
 # Token routing (half the tokens skip the middle two blocks) under the sharded layouts, against

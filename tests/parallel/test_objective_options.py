@@ -1,6 +1,5 @@
 """The objectives' training options (shaped timestep densities, min-SNR, the direction term) under
-FSDP and TP on gloo, and MeanFlow's JVP paths under DDP and FSDP: every step's loss and gradient norm
-equal one process's, in one launch."""
+FSDP and TP on gloo: every step's loss and gradient norm equal one process's, in one launch."""
 
 from pathlib import Path
 

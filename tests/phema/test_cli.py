@@ -84,3 +84,22 @@ def test_a_damaged_snapshot_is_named(run, tmp_path, capsys, damage):
     assert str(snap) in err and "not a usable post-hoc EMA snapshot" in err and "move it out" in err
     # Rebuilding at the older snapshot does not read the damaged one.
     assert main(["ema", str(copy), "--std", "0.05", "--at", "2"]) == 0
+
+
+def test_an_out_that_cannot_be_written_is_one_line(run, tmp_path, capsys, monkeypatch):
+    taken = tmp_path / "file"
+    taken.write_text("mine")
+    assert f"--out {taken} is a file" in _error(capsys, run, "--std", "0.05", "--out", taken)
+    assert f"{taken} is a file, not a folder" in _error(capsys, run, "--std", "0.05", "--out", taken / "under")
+    assert taken.read_text() == "mine"
+    # Any other failure to write the folder (here a copy refused by the file system) is one line too.
+    import errno
+    import shutil as shutil_module
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EINVAL, "Invalid argument", str(args[1]))
+
+    monkeypatch.setattr(shutil_module, "copyfile", refuse)
+    err = _error(capsys, run, "--std", "0.05", "--out", tmp_path / "out")
+    assert "cannot write" in err and "Invalid argument" in err
+    assert not list((tmp_path / "out").glob("*"))  # nothing half-written is left

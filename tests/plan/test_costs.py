@@ -26,7 +26,7 @@ def _meta_state(model) -> dict:
     trained = [p for p in params if p.requires_grad]
     weights = sum(4 * p.numel() for p in params)
     return {"params": weights, "grads": sum(4 * p.numel() for p in trained),
-            "optimizer": sum(8 * p.numel() + 4 for p in trained), "ema": weights}
+            "optimizer": sum(8 * p.numel() + 4 for p in trained), "ema": weights, "phema": 0}
 
 
 # DiT's block options, each alone and all together (DiT-L: SwiGLU's truncated 2730-wide layer).
@@ -55,6 +55,21 @@ def test_state_bytes_equal_a_meta_device_count(name, options):
     with torch.device("meta"):
         model = spec.build_model_fn(cfg)
     assert state_bytes(spec.costs_fn(cfg), Layout()) == _meta_state(model)
+
+
+@pytest.mark.parametrize("name", ["DiT-S/2", "LargeDiT-600M/2"])
+def test_post_hoc_ema_profiles_are_counted_as_the_tracker_holds_them(name):
+    from dit_trainer.phema.tracker import PowerEMA
+
+    cfg = _model_config(name, {})
+    spec = get_spec(name)
+    with torch.device("meta"):
+        model = spec.build_model_fn(cfg)
+        tracker = PowerEMA(model, [0.05, 0.1, 0.15])
+    held = sum(t.numel() * t.element_size() for ema in tracker.profiles.values() for t in ema.shadow.values())
+    costs = spec.costs_fn(cfg)
+    assert state_bytes(costs, Layout(), profiles=3)["phema"] == held
+    assert state_bytes(costs, Layout(dp_shard=4), profiles=3)["phema"] == held / 4  # sharded like the EMA
 
 
 FLOPS_CASES = [(n, {}) for n in _unique_specs() if get_spec(n).flops_fn] + [("DiT-B/2", o) for o in BLOCK_OPTIONS]
@@ -94,6 +109,9 @@ _TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "
     _TINY_DIT,
     {"name": "LargeDiT-600M/2", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "input_size": 8},
     *[{**_TINY_DIT, **o} for o in BLOCK_OPTIONS],
+    # Cross-attention over the release's 120 caption tokens, more than the 16 image tokens.
+    {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4, "text_hidden_size": 16,
+     "input_size": 8},
 ])
 def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
     """float32, so the count does not depend on the CPU's bf16 support; the fused SDPA path's extras included."""
@@ -113,8 +131,13 @@ def test_saved_activations_of_a_block_match_saved_tensor_hooks(model):
         return t
 
     b = 3
+    x, t = torch.randn(b, 4, 8, 8), torch.randint(0, 1000, (b,))
+    # A text family takes the caption its condition_keys name; the rest a class label.
+    text = "text_embeds" in getattr(net, "condition_keys", ())
+    cond = ({"text_embeds": torch.randn(b, 120, net.caption_channels), "text_mask": torch.ones(b, 120, dtype=torch.long)}
+            if text else {"y": torch.randint(0, 10, (b,))})
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        net(torch.randn(b, 4, 8, 8), torch.randint(0, 1000, (b,)), torch.randint(0, 10, (b,)))
+        net(x, t, **cond)
     costs = spec.costs_fn(cfg)
     predicted = b * costs.tokens * (costs.saved["none"] + costs.fused_attention).nbytes(4)
     # The norms' per-token statistics (a few floats) are not counted.

@@ -69,6 +69,17 @@ def test_sharding_pipelining_and_checkpointing_lower_the_memory_they_should():
     assert peak(Layout(dp_replicate=8, compile=True, budget=0.5)) < peak(Layout(dp_replicate=8, compile=True))
 
 
+def test_post_hoc_ema_profiles_raise_every_plans_peak_by_their_copies():
+    cfg = build_config(None, ["--model.name", "DiT-XL/2"])
+    tracked = build_config(None, ["--model.name", "DiT-XL/2", "--train.phema_stds", "[0.05, 0.1]"])
+    plain = {p.layout: p.peak for p in plan_layouts(make_request(cfg, 8, 8, "h100", 80))}
+    both = {p.layout: p.peak for p in plan_layouts(make_request(tracked, 8, 8, "h100", 80))}
+    assert plain.keys() == both.keys()
+    for layout, peak in plain.items():
+        assert both[layout].phema == 2 * peak.ema > 0 and peak.phema == 0
+        assert both[layout].total == pytest.approx(peak.total + 2 * peak.ema)
+
+
 def test_pinned_checkpointing_and_compile_are_kept():
     cfg = build_config(None, ["--model.name", "DiT-B/2", "--train.activation_checkpointing", "full",
                              "--train.compile", "false"])

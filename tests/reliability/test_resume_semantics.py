@@ -52,6 +52,43 @@ def test_changed_seed_is_refused_unless_allowed(tmp_path, capsys):
     assert "train.seed 0 -> 5" in capsys.readouterr().err
 
 
+def test_latent_statistics_that_changed_since_the_checkpoint_are_refused_in_one_line(tmp_path):
+    import json
+
+    from tests.data.test_shards import make_shards
+
+    from dit_trainer.data.shards import MANIFEST
+
+    data = tmp_path / "shards"
+    make_shards(data, counts=(4, 4))
+
+    def extract(mean):  # what `dit extract` records of 4-channel latents it normalises per channel
+        manifest = json.loads((data / MANIFEST).read_text())
+        manifest.update(latent_norm="channel", latent_mean=[mean, 0.0, 0.0, 0.0], latent_std=[0.5, 1.0, 1.0, 1.0])
+        (data / MANIFEST).write_text(json.dumps(manifest))
+
+    def run(steps, **data_keys):
+        cfg = run_config(tmp_path, steps, keep=0)
+        cfg["data"].update(path=str(data), **data_keys)
+        for key in ("input_size", "in_channels", "num_classes"):  # the data decides them
+            del cfg["model"][key]
+        trainer = DiTTrainer(cfg)
+        trainer.train()
+        return trainer
+
+    extract(0.1)
+    run(2)
+    extract(0.2)  # extracted again: the statistics moved
+    with pytest.raises(ConfigError) as err:
+        run(4)
+    message = str(err.value)
+    assert "\n" not in message and "step-00000002" in message
+    assert "mean [0.1, 0, 0, ...]" in message and "mean [0.2, 0, 0, ...]" in message and "data.latent_mean" in message
+    assert names(tmp_path) == ["step-00000002"]
+    # The checkpoint's statistics, set in the config, continue it.
+    assert run(4, latent_mean=[0.1, 0.0, 0.0, 0.0], latent_std=[0.5, 1.0, 1.0, 1.0]).step == 4
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.float16])
 def test_other_dtype_in_a_checkpoint_is_refused_naming_the_tensor(tmp_path, dtype):
     train(tmp_path, 4)

@@ -90,13 +90,15 @@ def test_the_release_model_is_untouched_when_off():
         model(torch.randn(1, 4, 8, 8), torch.rand(1), torch.tensor([0]), repa=True)
 
 
-def test_default_depth_is_reps_8_of_28_scaled():
+def test_default_depth_is_the_releases_8_for_every_model_and_0_scales_it():
     r = build_config({"repa": {"enabled": True}}).repa
+    assert [resolve_depth(r, n) for n in (28, 24, 12, 8)] == [8, 8, 8, 8]
+    with pytest.raises(ConfigError, match="past the model's 4 blocks"):
+        resolve_depth(r, 4)
+    r.encoder_depth = 0
     assert [resolve_depth(r, n) for n in (28, 24, 12, 2, 1)] == [8, 7, 3, 1, 1]
     r.encoder_depth = 5
     assert resolve_depth(r, 12) == 5
-    with pytest.raises(ConfigError, match="past the model's 4 blocks"):
-        resolve_depth(r, 4)
 
 
 @pytest.mark.parametrize("repa,key", [

@@ -95,12 +95,12 @@ def test_autoguidance_weight_one_is_the_main_model_and_an_unconditional_guide_is
     x, t, y = _batch(objective)
     null = torch.full_like(y, model.num_classes)
     with torch.no_grad():
-        main = model(x, t, y)
-        alone = guided_model_fn(model, Guidance(guide=guide_net, guide_scale=1.0), objective)(x, t, y)
+        main = model(x, t, y=y)
+        alone = guided_model_fn(model, Guidance(guide=guide_net, guide_scale=1.0), objective)(x, t, y=y)
         assert torch.equal(alone, main)
         # Autoguidance whose guide is the model's own null-label branch is classifier-free guidance.
-        unconditional = lambda x_, t_, y_: model(x_, t_, torch.full_like(y_, model.num_classes))  # noqa: E731
-        auto = guided_model_fn(model, Guidance(guide=unconditional, guide_scale=3.0), objective)(x, t, y)
+        unconditional = lambda x_, t_, y: model(x_, t_, torch.full_like(y, model.num_classes))  # noqa: E731
+        auto = guided_model_fn(model, Guidance(guide=unconditional, guide_scale=3.0), objective)(x, t, y=y)
         cfg = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]), 3.0,
                                      cfg_channels=model.in_channels)
     assert (auto - cfg[: len(x)]).abs().max() < 1e-6
@@ -117,8 +117,8 @@ def test_cfg_and_autoguidance_add_their_terms_in_one_batched_call_and_one_guide_
     counter = {}
     with torch.no_grad():
         out = guided_model_fn(counted, Guidance(cfg_scale=2.0, guide=guide, guide_scale=1.5), objective,
-                              counter)(x2, t2, y2)
-        cond, uncond, g = model(x, t, y), model(x, t, null), guide_net(x, t, y)
+                              counter)(x2, t2, y=y2)
+        cond, uncond, g = model(x, t, y), model(x, t, null), guide_net(x, t, y=y)
     assert counted.calls == [6] and guide.calls == [3] and counter == {"nfe": 3}
     want = cond[:, :4] + 1.0 * (cond[:, :4] - uncond[:, :4]) + 0.5 * (cond[:, :4] - g[:, :4])
     assert torch.allclose(out[:3, :4], want, atol=1e-5) and torch.allclose(out[3:, :4], want, atol=1e-5)
@@ -133,12 +133,12 @@ def test_outside_the_interval_only_the_conditional_pass_runs():
     x2, t2, y2 = torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null])
     fn = guided_model_fn(counted, Guidance(cfg_scale=4.0, interval=(0.5, 5.0)), objective)
     with torch.no_grad():
-        outside = fn(x2, t2, y2)
+        outside = fn(x2, t2, y=y2)
         assert counted.calls == [3]
-        cond = model(x, t, y)
+        cond = model(x, t, y=y)
         assert torch.equal(outside, torch.cat([cond, cond]))
         t_in = torch.cat([_time_at(objective, 1.0, 3)] * 2)
-        inside = fn(x2, t_in, y2)
+        inside = fn(x2, t_in, y=y2)
         assert torch.equal(inside, model.forward_with_cfg(x2, t_in, y2, 4.0))
 
 
@@ -155,8 +155,8 @@ def test_interval_bounds_are_half_open_and_checked_in_one_line():
     x, y = torch.randn(2, 4, 8, 8), torch.tensor([0, 1])
     batch = (torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, 5)]))
     with torch.no_grad():
-        guided_model_fn(counted, Guidance(cfg_scale=2.0, interval=(0.5, 1.0)), objective)(*batch)  # 1 in (0.5, 1]
-        guided_model_fn(counted, Guidance(cfg_scale=2.0, interval=(1.0, 2.0)), objective)(*batch)  # 1 not in (1, 2]
+        guided_model_fn(counted, Guidance(cfg_scale=2.0, interval=(0.5, 1.0)), objective)(*batch[:2], y=batch[2])  # 1 in (0.5, 1]
+        guided_model_fn(counted, Guidance(cfg_scale=2.0, interval=(1.0, 2.0)), objective)(*batch[:2], y=batch[2])  # 1 not in (1, 2]
     assert counted.calls == [4, 2]
 
 

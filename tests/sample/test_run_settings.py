@@ -2,6 +2,7 @@
 defaults; the autoguidance guide named by a step of the run or a path, refused in one line when it
 does not fit; the guide and guidance recorded with an FID batch."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -17,7 +18,8 @@ from dit_trainer.config import build_config
 from dit_trainer.models import get_spec
 from dit_trainer.sample.decode import load_decoder, to_images
 from dit_trainer.sample.images import save_grid
-from dit_trainer.sample.run_settings import apply_recommended, guide_path, run_folder, step_of_folder
+from dit_trainer.sample.run_settings import guide_location, run_folder, step_of_folder
+from dit_trainer.sample.settings import resolve
 
 MODEL = {"name": "DiT-S/4", "input_size": 8, "in_channels": 1, "num_classes": 10, "depth": 1, "hidden_size": 32,
          "num_heads": 2, "learn_sigma": False}
@@ -82,36 +84,38 @@ def test_the_guide_is_a_step_of_the_run_and_the_run_recommends_it(run, tmp_path)
 
 
 def test_recommended_settings_fill_only_what_the_flags_leave_unset():
-    from types import SimpleNamespace
-
-    def args(**given):
-        keys = ("cfg_scale", "guide", "guide_scale", "guidance_interval", "ema_std", "sampler", "steps")
-        return SimpleNamespace(**{**{k: None for k in keys}, **given})
+    def settings(run_cfg, release=4.0, **given):
+        return resolve({"ckpt": "x", **given}, run_cfg.sample, release_cfg_scale=release)
 
     recommending = _cfg({"cfg_scale": 1.5, "guide": "7", "guide_scale": 2.0, "steps": 12})
-    a = args(steps=40)
-    apply_recommended(a, recommending, release_cfg_scale=4.0)
-    assert (a.cfg_scale, a.guide, a.guide_scale, a.steps) == (1.5, "7", 2.0, 40)
-    b = args()
-    apply_recommended(b, _cfg(), release_cfg_scale=4.0)  # a run that recommends nothing: the release's
+    a = settings(recommending, steps=40)
+    assert (a.cfg_scale, a.guide, a.guide_scale, a.steps, a.guide_origin) == (1.5, "7", 2.0, 40, "sample.guide")
+    b = settings(_cfg())  # a run that recommends nothing: the release's
     assert (b.cfg_scale, b.guide, b.guide_scale, b.steps) == (4.0, None, 1.0, None)
-    c = args(ema_std="none")
-    apply_recommended(c, _cfg({"ema_std": 0.1}), release_cfg_scale=1.5)
-    assert c.ema_std is None
+    c = settings(_cfg({"ema_std": 0.1}), release=1.5, ema_std="none")
+    assert c.ema_std is None and settings(_cfg({"ema_std": 0.1})).ema_std == 0.1
+    assert settings(recommending, guide_scale=1.0).guide is None  # weight 1: the recommended guide is off
     with pytest.raises(Exception, match="^--guide needs --guide-scale"):
-        apply_recommended(args(guide="3"), _cfg(), release_cfg_scale=4.0)
+        settings(_cfg(), guide="3")
 
 
 def test_guide_paths_and_run_folders(run, tmp_path):
-    folder, _, _ = run
-    assert guide_path("300", folder, from_config=True) == folder / "checkpoints" / "step-00000300"
-    assert guide_path("other/run", folder, from_config=True) == folder / "other/run"
-    assert guide_path("other/run", folder, from_config=False) == tmp_path.__class__("other/run")
     from dit_trainer import checkpoint
 
+    folder, _, _ = run
     reader = checkpoint.open(folder / "checkpoints" / "step-00000002")
     assert run_folder(reader).resolve() == folder.resolve() and step_of_folder(reader.folder) == 2
     assert step_of_folder(folder / "phema" / "std0.050-step00001200") == 1200
+    resolved = folder.resolve()
+    assert guide_location("1", reader, "sample.guide") == (resolved / "checkpoints" / "step-00000001", [])
+    assert guide_location("50%", reader, "sample.guide")[0] == resolved / "checkpoints" / "step-00000001"
+    assert guide_location(str(folder / "checkpoints"), reader, "--guide")[0] == folder / "checkpoints"
+    with pytest.raises(Exception, match="other/run does not exist"):
+        guide_location("other/run", reader, "sample.guide")  # a config's path: relative to the run folder
+    for bad, words in (("0", "no checkpoint of step 0"), ("150%", r"share must lie in \(0%, 100%\]"),
+                       ("phema/std0.5@50%", "std0.5 is no post-hoc EMA width"), ("phema/std0.1@half", "phema/stdS@P%")):
+        with pytest.raises(Exception, match=words):
+            guide_location(bad, reader, "--guide")
 
 
 @pytest.mark.parametrize("change, words", [({"num_classes": 7}, "has 7 classes but the main model 10"),
@@ -181,3 +185,46 @@ def test_a_recommended_ema_width_must_be_one_a_post_hoc_ema_can_have():
     for bad in (0.0, 0.3, float("nan")):
         with pytest.raises(ConfigError, match=r"^sample.ema_std is .*; it must be a post-hoc EMA width sigma_rel in"):
             _cfg({"ema_std": bad})
+
+
+def _fake_run(root, length, every):
+    """A run folder of `length` steps by name only: its final checkpoint and a snapshot every `every` steps and at
+    the end (locating reads names; nothing is loaded)."""
+    from dit_trainer.checkpoint.reader import CheckpointReader
+
+    (root / "checkpoints" / f"step-{length:08d}").mkdir(parents=True)
+    (root / "phema").mkdir()
+    for step in sorted({*range(every, length + 1, every), length}):
+        (root / "phema" / f"snapshot-{step:08d}.safetensors").touch()
+    return CheckpointReader(folder=root / "checkpoints" / f"step-{length:08d}")
+
+
+@pytest.mark.parametrize("length, every, guide_step", [(1200, 200, 600), (300, 200, 200), (20, 3, 9)])
+def test_a_guide_named_by_its_share_of_the_run_fits_runs_of_any_length(tmp_path, length, every, guide_step):
+    from dit_trainer.sample.run_settings import locate
+    from dit_trainer.sample.settings import SampleSettings
+
+    reader = _fake_run(tmp_path, length, every)
+    run = tmp_path.resolve()
+    settings = SampleSettings(str(tmp_path), ema_std=0.05, guide="phema/std0.100@50%", guide_origin="sample.guide",
+                              guide_scale=2.0)
+    found = locate(settings, reader)
+    guide = run / "phema" / f"std0.100-step{guide_step:08d}"
+    assert found.main == run / "phema" / f"std0.050-step{length:08d}" and found.guide == guide
+    # Neither is there yet: both are rebuilt from the run's snapshots, each at its own step.
+    assert found.rebuild == ((run, 0.05, length), (run, 0.1, guide_step))
+    checkpoint_guide = dataclasses.replace(settings, guide="50%")
+    with pytest.raises(Exception, match=f"step-{length // 2:08d} does not exist; keep the guide's step"):
+        locate(checkpoint_guide, reader)
+    (tmp_path / "checkpoints" / f"step-{length // 2:08d}").mkdir()
+    assert locate(checkpoint_guide, reader).guide == run / "checkpoints" / f"step-{length // 2:08d}"
+
+
+def test_a_post_hoc_ema_with_no_snapshot_to_rebuild_it_from_says_so(tmp_path):
+    from dit_trainer.sample.run_settings import locate
+    from dit_trainer.sample.settings import SampleSettings
+
+    reader = _fake_run(tmp_path, 10, 4)  # snapshots at 4, 8, 10
+    with pytest.raises(Exception, match=r"^--guide \S+/phema/std0.100-step00000006: .* holds no post-hoc EMA "
+                                        r"snapshot of step 6 to rebuild it from"):
+        locate(SampleSettings("x", guide=str(tmp_path / "phema" / "std0.100-step00000006"), guide_scale=2.0), reader)

@@ -95,9 +95,8 @@ def test_guidance_interval_on_a_diffusion_run(digits_ckpt, tmp_path, capsys):
 
 
 def test_sampler_flags_are_the_objectives_to_accept():
-    from types import SimpleNamespace
-
     from dit_trainer.sample.cli import sampler_options
+    from dit_trainer.sample.settings import SampleSettings
 
     class Tolerant:  # an objective whose one sampler takes atol only
         name = "tolerant"
@@ -105,10 +104,10 @@ def test_sampler_flags_are_the_objectives_to_accept():
         def sampler_option_names(self, sampler):
             return ("atol",)
 
-    args = SimpleNamespace(atol=1e-3, sde_method=None)
-    assert sampler_options(args, Tolerant(), "any") == {"atol": 1e-3}
+    settings = SampleSettings("x", sampler_options=(("atol", 1e-3),))
+    assert sampler_options(settings, Tolerant(), "any") == {"atol": 1e-3}
     with pytest.raises(ConfigError, match="^--sde-method do\\(es\\) not apply to --sampler any$"):
-        sampler_options(SimpleNamespace(sde_method="Heun"), Tolerant(), "any")
+        sampler_options(SampleSettings("x", sampler_options=(("sde_method", "Heun"),)), Tolerant(), "any")
 
 
 def test_ema_weights_are_loaded(digits_ckpt):
@@ -254,17 +253,22 @@ def test_cli_keeps_freed_memory_on_cpu(digits_ckpt, tmp_path):
 
 def test_steps_with_an_adaptive_ode_method_is_noted(capsys):
     # dopri5 (SiT's default) takes --steps as output times only; a fixed-step method takes it as steps.
-    from types import SimpleNamespace
-
     from dit_trainer.config import Config
     from dit_trainer.sample.cli import note_adaptive_steps
+    from dit_trainer.sample.settings import SampleSettings
 
     cfg = Config()  # transport.ode_method: dopri5
-    note_adaptive_steps(SimpleNamespace(steps=10, ode_method=None), "ode", cfg)
+    note_adaptive_steps(SampleSettings("x", steps=10), "ode", cfg)
     err = capsys.readouterr().err
     assert "--steps 10 sets output times only: dopri5 chooses its own steps" in err and err.count("\n") == 1
-    for args, sampler in ((SimpleNamespace(steps=10, ode_method="euler"), "ode"),
-                          (SimpleNamespace(steps=None, ode_method=None), "ode"),
-                          (SimpleNamespace(steps=10, ode_method=None), "sde")):
+    for args, sampler in ((SampleSettings("x", steps=10, sampler_options=(("ode_method", "euler"),)), "ode"),
+                          (SampleSettings("x"), "ode"), (SampleSettings("x", steps=10), "sde")):
         note_adaptive_steps(args, sampler, cfg)
         assert capsys.readouterr().err == ""
+
+
+def test_a_guide_weight_without_a_guide_is_refused_not_ignored(digits_ckpt, tmp_path, capsys):
+    assert sample_cli(digits_ckpt[0], "--class-labels", "1", "--guide-scale", "3", "--out", str(tmp_path / "g.png")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dit sample: error: --guide-scale 3 needs a guide") and "\n" not in err
+    assert not (tmp_path / "g.png").exists()

@@ -185,3 +185,30 @@ def test_refused_resume_is_one_line_on_every_rank(ckpt, tmp_path):
     assert proc.returncode != 0 and 1 <= len(workers) <= 2, proc.stderr[-3000:]
     assert all("by an older dit-trainer" in line for line in workers)
     assert "[rank1]" not in proc.stderr and "Connection closed" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_guide_weight_without_a_guide_is_refused_not_ignored(ckpt, tmp_path, capsys):
+    out = tmp_path / "s.npz"
+    assert main(["sample-ddp", "--ckpt", str(ckpt), "--npz", str(out), *ARGS, "--guide-scale", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dit sample-ddp: error: --guide-scale 2 needs a guide") and "\n" not in err
+    assert not out.exists() and not (tmp_path / "s.npz.parts").exists()
+
+
+def test_the_process_group_waits_the_runs_parallel_timeout(ckpt, tmp_path, monkeypatch):
+    import datetime
+
+    import dit_trainer.parallel.process_group as group
+    from dit_trainer.sample import ddp
+
+    args = argparse.Namespace(ckpt=str(ckpt), timeout=None)
+    assert ddp._timeout(args) == datetime.timedelta(seconds=600)  # the run's parallel.timeout (its default here)
+    slow = save_checkpoint(tmp_path / "slow", 1, {**_files(), "config.yaml": yaml.safe_dump(
+        {**yaml.safe_load(_files()["config.yaml"]), "parallel": {"timeout": 5400.0}})})
+    assert ddp._timeout(argparse.Namespace(ckpt=str(slow), timeout=None)) == datetime.timedelta(seconds=5400)
+    assert ddp._timeout(argparse.Namespace(ckpt=str(slow), timeout=30.0)) == datetime.timedelta(seconds=30)
+    joined = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(group, "init_process_group", lambda backend, timeout=None: joined.append(timeout))
+    ddp._dist(datetime.timedelta(seconds=5400))  # torchrun's launch: the group gets the timeout
+    assert joined == [datetime.timedelta(seconds=5400)]

@@ -64,3 +64,29 @@ def test_a_spec_weight_out_of_range_is_refused_before_any_sampling(run, tmp_path
     err = capsys.readouterr().err.strip()
     assert "--guide-scale is 0.5; it must be a number >= 1" in err and "\n" not in err
     assert not batch_path(out, "cfg=1").exists()
+
+
+def test_a_bad_second_spec_is_refused_before_anything_is_sampled(run, tmp_path, capsys):  # noqa: F811
+    folder, _, _ = run
+    out = tmp_path / "s.npz"
+    assert main(["sample-ddp", "--ckpt", str(folder), "--npz", str(out), "--num-samples", "4", "--batch-size", "4",
+                 "--device", "cpu", "--no-progress", "--ref", "digits", "--network", "digits",
+                 "--guidance", "cfg=1", "guide=999,w=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dit sample-ddp: error: --guidance 'guide=999,w=2': --guide 999: ") and "\n" not in err
+    assert "step-00000999 does not exist" in err
+    assert list(tmp_path.iterdir()) == []  # not the first SPEC's batch, its chunks, nor a table
+
+
+def test_each_row_is_written_as_it_is_measured(run, tmp_path, capsys):  # noqa: F811
+    folder, _, _ = run
+    out = tmp_path / "s.npz"
+    blocked = batch_path(out, "cfg=2")
+    blocked.write_text("not a batch")  # the second SPEC's batch cannot be written: found only when it is sampled
+    assert main(["sample-ddp", "--ckpt", str(folder), "--npz", str(out), "--num-samples", "6", "--batch-size", "6",
+                 "--device", "cpu", "--no-progress", "--ref", "digits", "--network", "digits",
+                 "--guidance", "cfg=1", "cfg=2"]) == 2
+    assert "is not a batch this command wrote" in capsys.readouterr().err
+    rows = json.loads((tmp_path / "s-sweep.json").read_text())  # beside --npz without --json
+    assert [r["spec"] for r in rows] == ["cfg=1"] and np.isfinite(rows[0]["fid"]) and rows[0]["num_samples"] == 6
+    assert blocked.read_text() == "not a batch"

@@ -129,3 +129,16 @@ def test_autoguidance_during_training_waits_for_its_guide_step(tmp_path, capsys)
 
     plain = TrainingFID(plain_cfg, trainer.device, trainer.dims).measure(trainer.ema_model(), trainer.objective, 4)
     assert np.isfinite(guided) and plain["fid"] != guided
+
+
+def test_a_guide_step_that_is_past_and_gone_is_an_error_not_a_skip(tmp_path):
+    from types import SimpleNamespace
+
+    from dit_trainer.train.eval_during_training import TrainingFID
+
+    cfg = build_config(_digits_config(tmp_path / "run", 8, guide="50%", guide_scale=2.0))
+    assert 4 in cfg.checkpoint.keep_steps  # half of 8, kept from the start
+    fid = SimpleNamespace(cfg=cfg, _guide=None, device="cpu")  # guide() reads no more of the measurer than these
+    assert TrainingFID.guide(fid, None, 4) == "missing"  # step 4 is measured before it is saved: skipped
+    with pytest.raises(DitError, match=r"^eval.guide 50%: \S+step-00000004 does not exist although step 4 is past"):
+        TrainingFID.guide(fid, None, 6)

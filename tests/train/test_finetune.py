@@ -143,3 +143,22 @@ def test_our_run_folder_records_its_model(tmp_path, three_classes):
     ema = source.ema.state_dict()
     assert all(torch.equal(v, ema[k]) for k, v in trainer.model.state_dict().items())
     assert np.isfinite(trainer.train()["loss"])
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_diffusers_pipeline_folder_is_a_weights_path(tmp_path, dit_pt, three_classes):
+    """A DiTPipeline folder: its transformer's config gives the model (under diffusers' timestep convention,
+    what it computed there), its weights load, its VAE becomes the run's where none is named."""
+    pytest.importorskip("diffusers")
+    from dit_trainer.convert import Bundle, write
+    from tests.train.trainer_helpers import save_tiny_vae
+
+    _, weights = dit_pt
+    model = {"name": "DiT-S/2", "depth": 1, "input_size": 8, "num_classes": 1000}
+    folder = write("diffusers", Bundle(state_dict=weights, model=model, vae=save_tiny_vae(tmp_path / "vae")),
+                   tmp_path / "pipe")
+    trainer = DiTTrainer(run(tmp_path, three_classes, **{"model.weights_path": str(folder)}))
+    m = trainer.cfg.model
+    assert (m.name, m.num_classes, m.options["depth"], m.options["timestep_freq_shift"]) == ("DiT-S/2", 1000, 1, 1)
+    assert trainer.cfg.data.vae == str(folder / "vae")
+    assert all(torch.equal(trainer.model.state_dict()[k], weights[k]) for k in weights)

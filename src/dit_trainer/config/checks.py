@@ -7,6 +7,7 @@ what is allowed. The model family's own options are checked by the family (see m
 
 import math
 
+from dit_trainer.config.guide_spec import PHEMA_MAX_STD, keep_eval_guide, parse_guide
 from dit_trainer.errors import ConfigError
 from dit_trainer.meanflow.config import check_meanflow
 from dit_trainer.repa.config import check_repa
@@ -25,6 +26,8 @@ _RANGES = (
     ("data.image_size", lambda v: v > 0, "a positive integer"),
     ("data.digits_size", lambda v: v > 0, "a positive integer"),
     ("data.scaling_factor", lambda v: v > 0 and math.isfinite(v), "a positive number"),
+    ("data.text_max_length", lambda v: v >= 0, "0 (the model family's default) or a positive number of tokens"),
+    ("data.caption_dropout_prob", lambda v: 0 <= v < 1, "a probability in [0, 1)"),
     ("optim.lr", lambda v: v > 0 and math.isfinite(v), "a positive number such as 1e-4"),
     ("optim.weight_decay", lambda v: v >= 0 and math.isfinite(v), "0 or more"),
     ("optim.beta1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -72,6 +75,8 @@ _NAMES = {
     "train.phema_dtype": ("fp16", "fp32"),
     "data.vae_dtype": ("auto", "fp32", "bf16"),
     "data.latent_norm": ("auto", "channel", "scale"),
+    "data.text_dtype": ("auto", "fp32", "bf16"),
+    "data.empty_captions": ("error", "drop"),
     "train.activation_checkpointing": ("none", "full", "selective"),
     "train.compile": ("auto", "true", "false"),
     "parallel.layout": ("manual", "auto"),
@@ -133,6 +138,18 @@ def check_guidance(section, prefix: str) -> None:
     section.guidance_interval = None if interval is None else list(interval)
 
 
+def check_guides(cfg) -> None:
+    """The guide specs parse (`config.guide_spec`), and the checkpoint eval.guide names is one the run keeps: a
+    step past train.max_steps is refused; one it would not keep joins checkpoint.keep_steps, with a note."""
+    import sys
+
+    if cfg.sample.guide is not None:
+        parse_guide(cfg.sample.guide, "sample.guide")
+    note = keep_eval_guide(cfg)
+    if note:
+        print(note, file=sys.stderr)
+
+
 def check_values(cfg) -> None:
     """Raise a one-line ConfigError for the first value outside what its key allows."""
     for key, ok, allowed in _RANGES:
@@ -167,6 +184,7 @@ def check_values(cfg) -> None:
     check_latent_stats(cfg.data)
     check_guidance(cfg.sample, "sample")
     check_guidance(cfg.eval, "eval")
+    check_guides(cfg)
     s = cfg.sample
     if s.ema_std is not None and not 0 < s.ema_std < PHEMA_MAX_STD:
         raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a post-hoc EMA width sigma_rel in "
@@ -178,6 +196,7 @@ def check_values(cfg) -> None:
     check_phema_stds(cfg)
     check_repa(cfg)
     check_meanflow(cfg)
+    check_validation(cfg)
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):
         raise ConfigError(f"logging.sample_classes is {classes!r}; it must be a list of class ids (0 or more)")
@@ -194,12 +213,6 @@ def check_latent_stats(data) -> None:
 
         check_stats(mean, std, len(mean) if isinstance(mean, (list, tuple)) else 0, "data", ConfigError)
         data.latent_mean, data.latent_std = [float(v) for v in mean], [float(v) for v in std]
-
-
-# The widest power-function EMA: exponent 0 (a mean over every step so far) has sigma_rel sqrt(1/12),
-# and the width falls as the exponent grows, so the cubic that gives the exponent of a width has a
-# positive root exactly for widths below this (phema/profile.py; tests hold the two equal).
-PHEMA_MAX_STD = math.sqrt(1.0 / 12.0)
 
 
 def check_phema_stds(cfg) -> None:
@@ -225,3 +238,14 @@ def check_model(cfg) -> None:
     objective_fits(cfg.model.name, cfg.objective, cfg.model.learn_sigma)
     elsewhere = [k for k in all_keys() if not k.startswith("model.")]
     cfg.model.options = family_options(cfg.model.name, cfg.model.options, cfg.model, elsewhere)
+
+
+def check_validation(cfg) -> None:
+    """The held-out data and validation keys."""
+    split, every = cfg.data.val_split, cfg.eval.val_every
+    for key, value in (("data.val_split", split), ("eval.val_every", every)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"{key} is {value!r}; it must be 0 or a positive integer (or unset for the default)")
+    if split and cfg.data.val_path:
+        raise ConfigError(f"data.val_split {split} and data.val_path {cfg.data.val_path} both name held-out data; "
+                          "set one of them")

@@ -64,6 +64,13 @@ class DataConfig:
     latent_mean: Optional[list] = None  # per-channel mean of the stored latents (dit extract records it in manifest.json and the run's config.yaml keeps it); set by hand only for latents extract did not measure
     latent_std: Optional[list] = None  # per-channel std of the stored latents, each > 0; set with latent_mean
     allow_changed: bool = False  # resume although the image folder changed since the checkpoint (a warning instead of a refusal; the resume is then not exact)
+    text_encoder: Optional[str] = None  # text-to-image: the frozen text encoder (a transformers folder or hub id: T5, CLIP with projection, Gemma 2) whose outputs condition the model; None: class labels. Shards record theirs
+    text_max_length: int = 0  # tokens per caption (longer ones are truncated, with a count in the log); 0: the model family's default (PixArt-alpha 120, PixArt-Sigma 300)
+    text_dtype: str = "auto"  # auto | fp32 | bf16: the text encoder's compute dtype; auto: bf16 on a GPU, fp32 on a CPU
+    caption_dropout_prob: float = 0.1  # share of captions replaced by the encoding of "" during training (diffusers' convention), for classifier-free guidance; in [0, 1)
+    empty_captions: str = "error"  # error | drop: an image whose caption is missing or empty stops with a one-line error naming it, or is left out (counted in the log)
+    val_split: Optional[int] = None  # samples of data.path held out of training for validation (the loss at fixed noise levels, the grid's captions, FID over prompts), the same fixed choice for every run of the data; None: 64 (at most 1% of the data) for a text-conditioned model, 0 for class labels; 0 with data.val_path
+    val_path: Optional[str] = None  # held-out data of its own for validation, in any layout data.path takes (the same latent shape and text encoder); replaces data.val_split
 
 
 @dataclass
@@ -117,11 +124,12 @@ class LoggingConfig:
     log_steps: int = 10  # log the loss every this many steps
     image_steps: int = 0  # draw a sample grid every this many steps; 0 disables
     tensorboard: bool = True  # also write TensorBoard events (scalars and sample grids)
-    progress: bool = True  # show a progress bar
+    progress: bool = True  # show a progress bar on a terminal (written to a file, the log lines alone: no bar)
     sample_steps: int = 50  # DDIM steps for the training-time grid
     sample_cfg_scale: float = 4.0  # guidance scale of the training-time grid, >= 1
     samples_per_class: int = 1  # grid samples per class
     sample_classes: Optional[list] = None  # grid classes; None: up to 10 spread over the label range
+    validation_prompts: Optional[str] = None  # text-conditioned models: a text file of the grid's prompts, one per line (as dit sample --prompts), encoded once by data.text_encoder; None: the first 8 held-out captions
     mfu: bool = False  # log model FLOPs utilisation (measures the peak at start unless peak_tflops is set)
     peak_tflops: float = 0.0  # peak TFLOP/s of one device for MFU (e.g. 989 for an H100 in bf16); 0 measures it
     wandb: bool = False  # also log to Weights & Biases (pip install wandb; WANDB_MODE=offline works offline)
@@ -135,27 +143,30 @@ class EvalConfig:
     sample_batch_size: int = 50  # samples drawn per chunk (one seed each: the same noise at every measurement)
     sample_steps: int = 50  # sampler steps of those samples (the objective's default sampler)
     cfg_scale: float = 1.0  # their guidance scale, >= 1 (1: none, the usual training-time FID)
-    guide: Optional[str] = None  # autoguidance for these samples: the guide checkpoint, as sample.guide; a step of this run is used once it is saved (measurements before it are skipped)
+    guide: Optional[str] = None  # autoguidance for these samples: a step of this run (300) or a share of train.max_steps (50%), which joins checkpoint.keep_steps (with a note) unless the run keeps it anyway, used once it is saved (measurements before it are skipped, one after it that finds it gone is an error); or a checkpoint or run folder (relative to output_dir)
     guide_scale: Optional[float] = None  # autoguidance weight w > 1 (D_guide + w (D - D_guide)); needed with eval.guide
     guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, as sample.guidance_interval
     network: str = "auto"  # auto | inception | digits; auto: the digit network for data.path digits, else Inception
     ref: Optional[str] = None  # reference .npz (ADM's, or dit eval --ref-from-*) instead of the training set's statistics
     ref_images: int = 10000  # training latents decoded for the statistics, this many at random; 0: all (image folders: all)
     inception_weights: Optional[str] = None  # Inception weight file; None: fetched into torch's hub cache on first use
+    val_every: Optional[int] = None  # the loss at 8 fixed noise levels on the held-out data (data.val_split, data.val_path) every this many steps, logged as val_loss and val_loss_t0..t7; None: at every checkpoint.save_steps where data is held out; 0 disables
+    clip_model: Optional[str] = None  # text-conditioned models: a local folder of a transformers CLIPModel (with its tokenizer and image processor); FID over the held-out captions then also logs their CLIP score
 
 
 @dataclass
 class SampleConfig:
-    """How this run's samples are best drawn: what `dit sample`, `dit sample-ddp` and `dit eval --ckpt`
-    use where no flag says otherwise (`dit demo` records what it found best here)."""
+    """How this run's samples are best drawn: what `dit sample` and `dit sample-ddp` use where no flag says
+    otherwise (`dit demo` records what it found best here); sample/settings.py resolves them into one value."""
 
     cfg_scale: Optional[float] = None  # classifier-free guidance weight >= 1 (1: none); None: each command's release default (sample 4.0, sample-ddp 1.5)
-    guide: Optional[str] = None  # autoguidance (Karras et al., 2024): the guide checkpoint, a step of this run (300: checkpoints/step-00000300, kept by checkpoint.keep_steps) or a path (relative to output_dir) to a checkpoint or run of the same latent shape, classes and objective; None: no autoguidance
+    guide: Optional[str] = None  # autoguidance (Karras et al., 2024): the guide checkpoint, relative to the main checkpoint sampled: a step of its run (300: checkpoints/step-00000300, kept by checkpoint.keep_steps), a share of its step (50%: the checkpoint of half its step, rounded down), the run's post-hoc EMA at such a share (phema/std0.100@50%: sigma_rel 0.100 at the snapshot nearest half its step, the earlier of two as near, rebuilt from the snapshots when missing), or a path (relative to output_dir) to a checkpoint or run of the same latent shape, classes and objective; None: no autoguidance
     guide_scale: Optional[float] = None  # autoguidance weight w > 1: D_guide + w (D - D_guide); needed with sample.guide
     guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, sigma the noise level (noise scale over signal scale, EDM's sigma: the same unit for every schedule and objective; .inf for no upper bound); None guides every step
-    ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel (dit ema reconstructs it from train.phema_stds snapshots); None: the checkpoint's ema.safetensors
+    ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel at the checkpoint's step, rebuilt from the train.phema_stds snapshots (as dit ema does) when missing; None: the checkpoint's ema.safetensors
     sampler: Optional[str] = None  # ddpm | ddim (diffusion) or ode | sde (transport); None: the release's (ddpm, ode)
     steps: Optional[int] = None  # sampler steps; None: the sampler's default
+    negative_prompt: Optional[str] = None  # text-to-image: the caption guidance steers away from, in place of the empty caption; None: "" (the null caption, as diffusers' PixArt pipelines)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Format converters: released DiT checkpoints, our runs, diffusers and ppdiffusers pipelines.
 
 `convert(src_format, src, dst_format, out, model=None, vae=None)` reads any format into a
-`Bundle` (our tensor names + model config + VAE + class names) and writes it in another.
+`Bundle` (our tensor names + model config + VAE + class names, or a text model's text encoder) and
+writes it in another. diffusers takes DiT (DiTPipeline) and PixArt (PixArtAlphaPipeline,
+PixArtSigmaPipeline).
 """
 
 from dit_trainer.config.paddlemix_json import is_paddlemix_config, load_paddlemix_json, model_config_from_paddlemix
@@ -11,8 +13,15 @@ READERS = ("dit-pt", "ours", "diffusers", "ppdiffusers")
 WRITERS = ("ours", "diffusers", "ppdiffusers")
 
 
-def read(fmt, src, model=None, vae=None, num_heads=None, convention="diffusers") -> Bundle:
-    """A Bundle from `src` in format `fmt`."""
+def read(fmt, src, model=None, vae=None, num_heads=None, convention="diffusers", text_encoder=None) -> Bundle:
+    """A Bundle from `src` in format `fmt`; `vae` and `text_encoder` override what `src` records."""
+    bundle = _read(fmt, src, model, vae, num_heads, convention)
+    if text_encoder:
+        bundle.text_encoder = str(text_encoder)
+    return bundle
+
+
+def _read(fmt, src, model, vae, num_heads, convention) -> Bundle:
     from dit_trainer.errors import ConfigError
 
     if fmt == "dit-pt":
@@ -24,9 +33,12 @@ def read(fmt, src, model=None, vae=None, num_heads=None, convention="diffusers")
 
         return run_folder.read(src, model, vae)
     if fmt in ("diffusers", "ppdiffusers"):
-        from dit_trainer.convert import hf_diffusers, ppdiffusers_fmt
+        from dit_trainer.convert import hf_diffusers, pixart_pipeline, ppdiffusers_fmt
 
-        bundle = (hf_diffusers if fmt == "diffusers" else ppdiffusers_fmt).read(src, convention)
+        if fmt == "diffusers" and pixart_pipeline.is_pixart_folder(src):
+            bundle = pixart_pipeline.read(src)
+        else:
+            bundle = (hf_diffusers if fmt == "diffusers" else ppdiffusers_fmt).read(src, convention)
         if vae:
             bundle.vae = vae
         return bundle
@@ -44,7 +56,9 @@ def write(fmt, bundle: Bundle, out, overwrite: bool = False):
     if fmt == "ours":
         from dit_trainer.convert import run_folder as mod
     elif fmt == "diffusers":
-        from dit_trainer.convert import hf_diffusers as mod
+        from dit_trainer.convert import hf_diffusers, pixart_pipeline
+
+        mod = pixart_pipeline if pixart_pipeline.is_pixart(bundle.model) else hf_diffusers
     elif fmt == "ppdiffusers":
         from dit_trainer.convert import ppdiffusers_fmt as mod
     else:
@@ -52,7 +66,8 @@ def write(fmt, bundle: Bundle, out, overwrite: bool = False):
     if fmt != "ours" and bundle.transport is not None:
         # Their DiTPipeline samples a noise-prediction model with DDIM; a velocity model would come out as noise.
         raise ConfigError(f"{bundle.source} was trained with objective transport (SiT's interpolants), which "
-                          f"{fmt}' DiTPipeline cannot sample; use dit sample or DiTPipeline.from_pretrained on it")
+                          f"{fmt}' pipelines (noise prediction, DDIM) cannot sample; use dit sample or "
+                          f"dit_trainer's pipeline on it")
     if not overwrite:
         refuse_existing(out, "OUT", ConfigError)
     with staged_folder(out, replace=overwrite) as tmp:
@@ -62,9 +77,10 @@ def write(fmt, bundle: Bundle, out, overwrite: bool = False):
 
 
 def convert(src_format, src, dst_format, out, model=None, vae=None, num_heads=None, convention="diffusers",
-            overwrite: bool = False):
+            overwrite: bool = False, text_encoder=None):
     """Read `src` as `src_format` and write it to `out` as `dst_format`; returns (out, bundle)."""
-    bundle = read(src_format, src, model=model, vae=vae, num_heads=num_heads, convention=convention)
+    bundle = read(src_format, src, model=model, vae=vae, num_heads=num_heads, convention=convention,
+                  text_encoder=text_encoder)
     return write(dst_format, bundle, out, overwrite), bundle
 
 

@@ -7,9 +7,10 @@ def add_commands(subparsers) -> None:
     """Register `dit convert`."""
     p = subparsers.add_parser(
         "convert",
-        help="convert DiT weights between released .pt, our runs, diffusers and ppdiffusers pipelines",
-        description="Convert a DiT between formats: dit-pt (a facebookresearch/DiT .pt), ours (a run or "
-                    "checkpoint folder), diffusers and ppdiffusers (DiTPipeline folders).",
+        help="convert DiT and PixArt weights between released .pt, our runs, diffusers and ppdiffusers pipelines",
+        description="Convert a model between formats: dit-pt (a facebookresearch/DiT .pt), ours (a run or "
+                    "checkpoint folder), diffusers (DiTPipeline, or PixArtAlphaPipeline / PixArtSigmaPipeline for a "
+                    "PixArt) and ppdiffusers (DiTPipeline folders).",
     )
     p.add_argument("--from", dest="src_format", required=True, choices=READERS, help="format of SRC")
     p.add_argument("src", metavar="SRC", help="file or folder to read")
@@ -19,6 +20,9 @@ def add_commands(subparsers) -> None:
                    "(num_layers, num_attention_heads, ...) or our YAML (default: read off the tensors)")
     p.add_argument("--num-heads", type=int, default=None, help="attention heads of a DiT of no release size")
     p.add_argument("--vae", default=None, help="VAE folder or hub id the model's latents came from")
+    p.add_argument("--text-encoder", default=None, metavar="DIR_OR_ID",
+                   help="text-to-image: the text encoder (T5 for PixArt) its captions were encoded with, overriding the "
+                        "one SRC records (exported into the pipeline folder's text_encoder/ and tokenizer/)")
     p.add_argument("--timestep-convention", choices=("diffusers", "release"), default="diffusers",
                    help="importing a pipeline: run it as diffusers computes it (default) or as the original DiT")
     p.add_argument("--overwrite", action="store_true",
@@ -72,13 +76,20 @@ def run(args) -> int:
     check_paths(args.src, args.out, args.overwrite)
     check_guide(args)
     out, bundle = convert(args.src_format, args.src, args.dst_format, args.out, model=args.model, vae=args.vae,
-                          num_heads=args.num_heads, convention=args.timestep_convention, overwrite=args.overwrite)
+                          num_heads=args.num_heads, convention=args.timestep_convention, overwrite=args.overwrite,
+                          text_encoder=args.text_encoder)
     extra = {k: v for k, v in bundle.model.items() if k in ("timestep_freq_shift", "mlp_norm_eps")}
     note = f" (timestep convention {extra})" if extra else ""
     # A size name with overrides (a run of DiT-XL/2 at --model.depth 2) is not that size: say what it is.
     sizes = ", ".join(f"{k} {bundle.model[k]}" for k in SIZE_KEYS if k in bundle.model)
     what = "; ".join(filter(None, (sizes, f"{len(bundle.state_dict)} tensors")))
     print(f"wrote {bundle.model['name']} ({what}) as {args.dst_format} to {out}{note}")
+    from dit_trainer.convert import pixart_pipeline
+
+    if pixart_pipeline.is_pixart(bundle.model):
+        if args.dst_format == "diffusers":
+            print(*pixart_pipeline.call_notes(bundle), sep="\n")
+        return 0
     if args.dst_format in ("diffusers", "ppdiffusers") and int(bundle.model.get("num_classes", 1000)) != 1000:
         # Their DiTPipeline hard-codes label 1000 as the null class.
         print(f"note: {args.dst_format}' DiTPipeline guides with label 1000 as the null class; this model has "

@@ -1,4 +1,4 @@
-"""`diffusers`: a folder `diffusers.DiTPipeline.from_pretrained` loads.
+"""`diffusers`: a folder `diffusers.DiTPipeline.from_pretrained` loads (a PixArt's: `pixart_pipeline`).
 
 `model_index.json` (with id2label), `transformer/` (DiTTransformer2DModel config.json and
 diffusion_pytorch_model.safetensors), `scheduler/` (DDIM, linear 1e-4 -> 0.02) and `vae/`.
@@ -91,14 +91,14 @@ def quiet_diffusers():
         diffusers_logging.set_verbosity(level)
 
 
-def load_vae_model(bundle: Bundle):
+def load_vae_model(bundle: Bundle, pipeline: str = "DiTPipeline"):
     """The autoencoder of `bundle`'s latents, for a pipeline folder's vae/ (data.vae's loader: one-line
     errors, an offline Hub id fails fast); refused when its latents are not what the model takes."""
     channels = int(bundle.model.get("in_channels", 4))
     if not bundle.vae:
-        raise ConfigError(f"{bundle.source} records no VAE, and a DiTPipeline decodes latents with the one the model "
+        raise ConfigError(f"{bundle.source} records no VAE, and a {pipeline} decodes latents with the one the model "
                           f"was trained with: pass --vae DIR_OR_ID (a model trained on pixels, like the digits demo, "
-                          f"has no DiTPipeline form; sample it with dit sample)")
+                          f"has no {pipeline} form; sample it with dit sample)")
     from dit_trainer.vae.autoencoder import load_vae
 
     with quiet_diffusers():
@@ -106,7 +106,7 @@ def load_vae_model(bundle: Bundle):
     latent = int(vae.config.latent_channels)
     if latent != channels:
         raise ConfigError(f"--vae {bundle.vae} makes {latent}-channel latents but the model takes {channels} channels; "
-                          f"pass the VAE it was trained with (a pixel model has no DiTPipeline form)")
+                          f"pass the VAE it was trained with (a pixel model has no {pipeline} form)")
     return vae
 
 
@@ -132,15 +132,11 @@ def write(bundle: Bundle, out) -> Path:
     return out
 
 
-def read(src, convention="diffusers") -> Bundle:
-    """A Bundle from a diffusers DiTPipeline folder (or its transformer/ folder alone)."""
+def transformer_tensors(root, tdir) -> dict:
+    """The tensors of a pipeline's transformer folder `tdir` (every .safetensors file), in diffusers' names."""
     from dit_trainer.checkpoint.files import load_safetensors
 
-    root = Path(src)
-    tdir = transformer_dir(src, "diffusers")
-    tcfg = read_json(tdir / "config.json")
-    model = model_from_transformer_config(tcfg, tdir / "config.json", convention)
-    files = sorted(tdir.glob("*.safetensors"))
+    files = sorted(Path(tdir).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{tdir} holds no .safetensors weights; re-save the pipeline with safe_serialization=True")
     sd = {}
@@ -149,6 +145,16 @@ def read(src, convention="diffusers") -> Bundle:
             sd.update(load_safetensors(f))
         except CheckpointError as err:  # truncated or garbled: one line, and what to do
             raise CheckpointError(f"{err}; download or save {root} again") from None
+    return sd
+
+
+def read(src, convention="diffusers") -> Bundle:
+    """A Bundle from a diffusers DiTPipeline folder (or its transformer/ folder alone)."""
+    root = Path(src)
+    tdir = transformer_dir(src, "diffusers")
+    tcfg = read_json(tdir / "config.json")
+    model = model_from_transformer_config(tcfg, tdir / "config.json", convention)
+    sd = transformer_tensors(root, tdir)
     vae_dir = root / "vae"
     return pipeline_bundle(root, tdir, model, sd, str(vae_dir) if vae_dir.is_dir() else None)
 

@@ -10,7 +10,8 @@ class Bundle:
 
     `state_dict` holds torch tensors under our (the release's) names; `model` is a model-config
     dict (see model_config.py); `vae` a diffusers AutoencoderKL/AutoencoderDC folder or hub id (None for pixel
-    models); `class_names` index = class id, or None when the classes have no names.
+    models); `class_names` index = class id, or None when the classes have no names (or the model is
+    text-conditioned, when `text_encoder` names what encodes its captions).
     """
 
     state_dict: dict
@@ -26,4 +27,8 @@ class Bundle:
     # The `transport:` section of a run trained with `objective: transport` (SiT's interpolants);
     # None for a noise-prediction diffusion model, the only kind DiTPipeline folders hold.
     transport: Optional[dict] = None
+    # A text-to-image model's frozen text encoder (a transformers folder, a pipeline folder holding
+    # text_encoder/ and tokenizer/, or a Hub id) and its token count (None: the encoder's default).
+    text_encoder: Optional[str] = None
+    text_max_length: Optional[int] = None
     source: str = ""

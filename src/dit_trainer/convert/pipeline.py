@@ -3,8 +3,12 @@
     pipe = DiTPipeline.from_pretrained("outputs/run")        # or a converted / DiTPipeline folder
     images = pipe(class_labels=["golden retriever", 360], num_inference_steps=25, guidance_scale=4.0)
 
-It is thin: the folder is read by the converters, sampling is `dit_trainer.sample.sample_latents`,
-decoding `load_decoder` + `to_images`.
+    pipe = DiTPipeline.from_pretrained("outputs/pixart-run") # a text-to-image run, or a PixArt pipeline folder
+    images = pipe(prompt=["a red cat"], negative_prompt="", num_inference_steps=25, guidance_scale=4.5)
+
+It is thin: the folder is read by the converters, sampling is `dit_trainer.sample.sample_latents`
+(`sample.prompts.sample_prompts` with the folder's text encoder for a text model), decoding
+`load_decoder` + `to_images`.
 """
 
 from pathlib import Path
@@ -45,12 +49,14 @@ def _seed_from(generator, shape) -> int:
 
 
 class DiTPipeline:
-    """Class-conditional sampling from a run folder, a converted folder or a DiTPipeline folder."""
+    """Class-conditional sampling from a run folder, a converted folder or a DiTPipeline folder; text-to-image
+    sampling (prompts) from a text model's run or converted folder or a PixArt pipeline folder."""
 
-    def __init__(self, model, cfg, decoder=(None, None, None), class_names=None, device="cpu"):
+    def __init__(self, model, cfg, decoder=(None, None, None), class_names=None, device="cpu", text_encoder=None):
         self.model, self.cfg, self.decoder = model.eval(), cfg, decoder
         self.class_names = class_names
         self.device = torch.device(device)
+        self.text_encoder = text_encoder  # a text model's frozen TextEncoder, None for class labels
 
     @classmethod
     def from_pretrained(cls, path, device="cpu", vae=None, model=None):
@@ -73,7 +79,8 @@ class DiTPipeline:
             "diffusion": dict(bundle.diffusion),
             "data": {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor or 0.18215,
                      "latent_mean": bundle.latent_mean if bundle.vae else None,
-                     "latent_std": bundle.latent_std if bundle.vae else None},
+                     "latent_std": bundle.latent_std if bundle.vae else None,
+                     "text_encoder": bundle.text_encoder, "text_max_length": bundle.text_max_length or 0},
             **({"objective": "transport", "transport": bundle.transport} if bundle.transport is not None else {}),
         })
         decoder = (None, None, None)
@@ -85,7 +92,12 @@ class DiTPipeline:
         names = bundle.class_names
         if names is None and model.num_classes == 1000:
             names = imagenet_class_names()
-        return cls(model, cfg, decoder, names, device)
+        encoder = None
+        if "text_embeds" in getattr(model, "condition_keys", ()):
+            from dit_trainer.sample.prompts import run_text_encoder
+
+            encoder = run_text_encoder(cfg, device=device)
+        return cls(model, cfg, decoder, names, device, encoder)
 
     def _guide(self, guide):
         """The guide's model, checked against this pipeline's: a DiTPipeline, or a folder one loads from."""
@@ -96,6 +108,20 @@ class DiTPipeline:
         check_guide_fits(guide.cfg, guide.model, self.cfg, self.model, "guide")
         return guide.model.to(self.device)
 
+    def _rows(self, class_labels, prompt, negative_prompt) -> list:
+        """The class ids, or the prompts, to sample; a one-line error for what the model is not conditioned on."""
+        if self.text_encoder is None:
+            if prompt is not None or negative_prompt is not None:
+                raise ConfigError("this model is class-conditional; pass class_labels=, not prompt= or negative_prompt=")
+            if class_labels is None:
+                raise ConfigError("pass class_labels=: ids or names of the classes to sample")
+            return self.get_label_ids(class_labels)
+        if class_labels is not None:
+            raise ConfigError("this model is text-conditioned; pass prompt= (a string or a list), not class_labels=")
+        from dit_trainer.sample.prompt_text import check_prompts
+
+        return check_prompts(prompt)
+
     def get_label_ids(self, label):
         """Class ids for a name or a list of names (any synonym, case-insensitive), as diffusers' pipeline."""
         from dit_trainer.class_names import resolve_labels
@@ -104,10 +130,11 @@ class DiTPipeline:
         return resolve_labels(labels, self.class_names, self.model.num_classes)
 
     @torch.no_grad()
-    def __call__(self, class_labels, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
+    def __call__(self, class_labels=None, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
                  sampler=None, output_type="pil", progress=False, compile=False, guidance_interval=None, guide=None,
-                 guide_scale=1.0):
-        """Images for `class_labels` (ids or names): a list of PIL images, or N×H×W×C floats in [0, 1].
+                 guide_scale=1.0, prompt=None, negative_prompt=None):
+        """Images for `class_labels` (ids or names), or a text model's `prompt` (a string or a list, guided away
+        from `negative_prompt`, default ""): a list of PIL images, or N×H×W×C floats in [0, 1].
 
         `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT).
 
@@ -123,14 +150,20 @@ class DiTPipeline:
         if output_type not in ("pil", "np"):
             raise ConfigError(f"output_type {output_type!r} is not 'pil' or 'np'")
         guide_model = self._guide(guide) if guide is not None and float(guide_scale) != 1.0 else None
-        labels = self.get_label_ids(class_labels)
+        rows = self._rows(class_labels, prompt, negative_prompt)
         if generator is not None:
-            size = self.model.x_embedder.img_size[0]
-            seed = _seed_from(generator, (len(labels), self.model.in_channels, size, size))
-        samples = sample_latents(self.model, self.cfg, labels, cfg_scale=guidance_scale, sampler=sampler,
-                                 steps=int(num_inference_steps), seed=int(seed or 0), device=self.device,
-                                 progress=progress, compile=compile, guidance_interval=guidance_interval,
-                                 guide=guide_model, guide_scale=float(guide_scale))
+            size = self.model.input_size
+            seed = _seed_from(generator, (len(rows), self.model.in_channels, size, size))
+        kw = dict(cfg_scale=guidance_scale, sampler=sampler, steps=int(num_inference_steps), seed=int(seed or 0),
+                  device=self.device, progress=progress, compile=compile, guidance_interval=guidance_interval,
+                  guide=guide_model, guide_scale=float(guide_scale))
+        if self.text_encoder is None:
+            samples = sample_latents(self.model, self.cfg, rows, **kw)
+        else:
+            from dit_trainer.sample.prompts import sample_prompts
+
+            samples = sample_prompts(self.model, self.cfg, None, self.text_encoder, rows,
+                                     negative_prompt=negative_prompt, image_size=self.cfg.data.image_size, **kw)
         images = to_images(samples, *self.decoder).cpu()
         if output_type == "np":
             return ((images + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).numpy()

@@ -1,8 +1,9 @@
 """`ours`: a run folder or checkpoint folder of this project (EMA weights + config.yaml).
 
 Written as a checkpoint folder that `dit sample --ckpt OUT` and `DiTPipeline.from_pretrained(OUT)`
-read: `config.yaml`, `ema.safetensors`, the VAE under `vae/` when the source carried one, and
-`labels.json` with the class names when they are not ImageNet's.
+read: `config.yaml`, `ema.safetensors`, the VAE under `vae/` when the source carried one, a text
+model's text encoder under `text_encoder/` and `tokenizer/`, and `labels.json` with the class names
+when they are not ImageNet's.
 """
 
 import json
@@ -49,6 +50,7 @@ def read(src, model=None, vae=None) -> Bundle:
     from dit_trainer.sample import vae_source
     from dit_trainer import checkpoint
     from dit_trainer.sample.decode import anchor_vae
+    from dit_trainer.sample.prompts import text_encoder_name
     from dit_trainer.vae.latent_stats import stats_of
     from dit_trainer.repa.attach import drop_projector
 
@@ -79,7 +81,8 @@ def read(src, model=None, vae=None) -> Bundle:
     stats = stats_of(cfg.data) if vae_id else None
     return Bundle(state_dict=sd, model=mcfg, vae=vae_id, scaling_factor=scaling, class_names=names,
                   latent_mean=stats and stats[0], latent_std=stats and stats[1],
-                  diffusion=diffusion, transport=transport, source=str(path))
+                  diffusion=diffusion, transport=transport, text_encoder=text_encoder_name(cfg, folder=path),
+                  text_max_length=cfg.data.text_max_length or None, source=str(path))
 
 
 def _labels(path):
@@ -120,6 +123,9 @@ def write(bundle: Bundle, out, final=None) -> Path:
             cfg.data.latent_mean, cfg.data.latent_std = list(bundle.latent_mean), list(bundle.latent_std)
     else:
         cfg.data.vae, cfg.data.image_size = None, int(bundle.model["input_size"])
+    if bundle.text_encoder:
+        cfg.data.text_encoder = _copy_text_encoder(bundle.text_encoder, out)
+        cfg.data.text_max_length = int(bundle.text_max_length or 0)
     names = bundle.class_names
     if names and not (len(names) == 1000 and list(names) == imagenet_class_names()):
         (out / "labels.json").write_text(json.dumps({"class_names": list(names)}, indent=1))
@@ -136,6 +142,17 @@ def _downsampling(vae_dir: Path) -> int:
     """Pixels per latent side of a copied VAE folder's config (8, the SD VAEs', for a Hub id)."""
     file = vae_dir / "config.json"
     return (downsampling(json.loads(file.read_text())) if file.is_file() else None) or SD_FACTOR
+
+
+def _copy_text_encoder(name, out: Path) -> str:
+    """A local text encoder is copied (hard-linked where it can be) into `out`'s text_encoder/ and tokenizer/
+    and recorded relative to the folder, as the VAE is; a Hub id is recorded as it is."""
+    from dit_trainer.text_encoders import copy_text_encoder
+
+    if not Path(name).expanduser().is_dir():
+        return str(name)
+    copy_text_encoder(str(Path(name).expanduser()), out)
+    return "text_encoder"
 
 
 def _copy_vae(vae, dest: Path) -> str:

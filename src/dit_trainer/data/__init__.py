@@ -12,6 +12,7 @@ _LAZY = {
     "center_crop_arr": "images", "list_image_folder": "images",
     "FastDiTFeatures": "latents", "NpyLatentFolder": "latents", "open_latent_dataset": "latents",
     "LatentShards": "shards", "ShardWriter": "shards", "read_manifest": "shards", "write_manifest": "shards",
+    "TextShards": "text_shards", "open_shards": "text_shards",
     "convert": "tools", "verify": "tools",
     "decode": "dit_trainer.vae.autoencoder", "encode": "dit_trainer.vae.autoencoder",
     "load_vae": "dit_trainer.vae.autoencoder",

@@ -58,12 +58,17 @@ def _mismatch(path: str, what: str, remedy: str) -> DataError:
     return DataError(f"{path} {what}: it was changed or damaged after it was written; {remedy}")
 
 
+# Files beside a shard's latents, by the field that prefixes their `_bytes`/`_sha256` in its entry: the
+# images `dit extract --keep-images` keeps, the text encoder's outputs (`shard_text`).
+SIDECARS = {"images": IMAGES_SUFFIX, **{f: f".{f}.npy" for f in ("text_embeds", "text_mask", "text_pooled")}}
+
+
 def _files(entry) -> list:
     """(file name, bytes, sha256) of each file of a manifest shard entry that records checksums: the
-    latents, and the images kept beside them (`dit extract --keep-images`)."""
+    latents, and the files kept beside them (SIDECARS)."""
     name = entry["name"]
-    files = [(f"{name}.npy", entry.get("bytes"), entry.get("sha256")),
-             (name + IMAGES_SUFFIX, entry.get("images_bytes"), entry.get("images_sha256"))]
+    files = [(f"{name}.npy", entry.get("bytes"), entry.get("sha256"))]
+    files += [(name + sfx, entry.get(f"{field}_bytes"), entry.get(f"{field}_sha256")) for field, sfx in SIDECARS.items()]
     # A file without either was written before shards had checksums (or without images).
     return [f for f in files if f[1] is not None or f[2] is not None]
 

@@ -15,7 +15,8 @@ def _extract(args) -> int:
         shard_size=args.shard_size, vae_dtype=args.vae_dtype, dtype=args.dtype, flips=not args.no_flips,
         posterior=args.store.replace("-", "_"), workers=args.workers, device=args.device,
         on_bad_image=args.on_bad_image, seed=args.seed, progress=not args.no_progress, overwrite=args.overwrite,
-        keep_images=args.keep_images,
+        keep_images=args.keep_images, text_encoder=args.text_encoder, text_max_length=args.text_max_length,
+        text_dtype=args.text_dtype, empty_captions=args.empty_captions,
     )
     print(f"dit extract: rank {stats['rank']} encoded {stats['images']} images in {stats['shards']} shards, "
           f"{stats['seconds']:.1f} s ({stats['images_per_s']:.1f} images/s)", file=sys.stderr)
@@ -53,8 +54,11 @@ def _verify(args) -> int:
               f"(dit train reads them as they are; dit data convert packs them into shards)")
         return 0
     m = read_manifest(args.path)
+    text = m.get("text")
+    condition = (f"captions encoded by {text['encoder']} ({text['max_length']} tokens x {text['hidden_size']})"
+                 if text else f"{m['num_classes']} classes")
     print(f"dit data verify: ok: {m['count']} latents {tuple(m['latent_shape'])} {m['dtype']} in "
-          f"{len(m['shards'])} shards, {m['num_classes']} classes, flips={m['flips']}, posterior={m['posterior']}")
+          f"{len(m['shards'])} shards, {condition}, flips={m['flips']}, posterior={m['posterior']}")
     return 0
 
 
@@ -66,7 +70,9 @@ def add_commands(subparsers) -> None:
                     "Resumable; under torchrun each rank encodes its own shards. The manifest records the latents' "
                     "per-channel mean and std, which training uses for VAEs other than the 4-channel SD ones.")
     p.add_argument("--data-path", required=True,
-                   help="image folder: one sub-folder per class, or a flat folder (label 0)")
+                   help="image folder: one sub-folder per class, or a flat folder (label 0); with --text-encoder, "
+                        "captioned images: a folder with NAME.txt (or NAME.json) beside each image, a JSONL/CSV "
+                        "manifest (path, caption) or webdataset .tar shards, local or an fsspec URL")
     from dit_trainer.vae import DEFAULT_VAE
 
     p.add_argument("--vae", default=DEFAULT_VAE,
@@ -93,6 +99,16 @@ def add_commands(subparsers) -> None:
                         "extract made there with other settings; by default both are refused")
     p.add_argument("--keep-images", action="store_true",
                    help="also keep each encoded crop (uint8) beside its latents: what repa.enabled training reads")
+    p.add_argument("--text-encoder", default=None,
+                   help="text-to-image: a transformers folder or Hugging Face id of a frozen text encoder (T5, CLIP "
+                        "with projection, Gemma 2); each shard also keeps its outputs for the images' captions")
+    p.add_argument("--text-max-length", type=int, default=0,
+                   help="tokens per caption, longer ones truncated (counted in the log); 0: the encoder's release "
+                        "default (T5 120 as PixArt-alpha, Gemma 2 300, CLIP 77)")
+    p.add_argument("--text-dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="text encoder compute dtype (auto: bf16 on a GPU, fp32 on a CPU)")
+    p.add_argument("--empty-captions", choices=("error", "drop"), default="error",
+                   help="an image with a missing or empty caption: stop naming it, or leave it out (counted)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_extract)
 

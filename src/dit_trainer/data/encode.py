@@ -39,3 +39,20 @@ def encode_rows(model, images: np.ndarray, indices, num_flips: int, posterior: s
         rows = (mean + std * eps)[:, :, None]
     bad = np.flatnonzero(~np.isfinite(rows.reshape(b, -1)).all(axis=1)).tolist()
     return rows, bad
+
+
+def encode_text_rows(encoder, captions, pad_to: int = ENCODE_BATCH):
+    """{field: numpy rows} of the text encoder's outputs for `captions`: float32 embeddings (and pooled
+    vectors), uint8 masks; every encoder call sees a batch of `pad_to` captions, as the VAE's sees images.
+    A sharded encoder's ranks each make as many calls as the busiest (encoding "" for none, with no rows)."""
+    from dit_trainer.text_encoders.parallelize import agreed_calls
+
+    parts = {}
+    calls = -(-len(captions) // pad_to)
+    for _ in range(calls, agreed_calls(encoder, calls)):
+        encoder.encode([""], pad_to=pad_to)  # its forward is a collective: take part in the others'
+    for start in range(0, len(captions), pad_to):
+        for key, value in encoder.encode(captions[start:start + pad_to], pad_to=pad_to).items():
+            value = value.float() if value.is_floating_point() else value.to(torch.uint8)
+            parts.setdefault(key, []).append(value.cpu().numpy())
+    return {key: np.concatenate(values) for key, values in parts.items()}

@@ -19,7 +19,6 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from dit_trainer.data import checksums
 from dit_trainer.data import shards as sh
@@ -27,9 +26,12 @@ from dit_trainer.data.encode import encode_rows
 from dit_trainer.data.images import ImageFiles, list_image_folder
 from dit_trainer.vae import latent_stats
 from dit_trainer.vae.autoencoder import has_posterior, latent_shape, load_vae, resolve_dtype, scaling
+from dit_trainer.data.extract_text import CaptionPart
 from dit_trainer.data.shard_images import ImageSidecar
+from dit_trainer.data.shard_text import NULL_FILE
 from dit_trainer.errors import DataError
 from dit_trainer.npy import open_memmap
+from dit_trainer.progress import progress_bar
 from dit_trainer.fs import disk_error, refuse_existing, write_error_text
 
 # What a failed write raises: OSError, or a RuntimeError where a library words a full disk its own way.
@@ -85,7 +87,7 @@ def _own(out) -> bool:
 
 def _discard(out: str) -> None:
     """Remove an earlier extract's files from `out` (--overwrite over other settings); other files stay."""
-    names = [PLAN, SKIPPED, sh.MANIFEST]
+    names = [PLAN, SKIPPED, sh.MANIFEST, NULL_FILE]
     for path in glob.glob(os.path.join(glob.escape(out), "shard-*")) + [os.path.join(out, n) for n in names]:
         if os.path.isfile(path):
             os.remove(path)
@@ -144,10 +146,13 @@ def _files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
 def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shard_size: int = 2048,
                 vae_dtype: str = "fp32", dtype: str = "float16", flips: bool = True, posterior: str = "mean_std",
                 workers: int = 4, device=None, on_bad_image: str = "skip", seed: int = 0,
-                progress: bool = True, overwrite: bool = False, keep_images: bool = False) -> Dict:
+                progress: bool = True, overwrite: bool = False, keep_images: bool = False, text_encoder=None,
+                text_max_length: int = 0, text_dtype: str = "auto", empty_captions: str = "error") -> Dict:
     """Encode `data_path` into shards under `out`; returns this rank's counts and images/s. An `out`
     holding files of no extract, or an extract of other settings, is refused unless `overwrite`.
-    `keep_images`: each shard also keeps the uint8 crops it encoded (for REPA's encoder)."""
+    `keep_images`: each shard also keeps the uint8 crops it encoded (for REPA's encoder).
+    `text_encoder`: `data_path` is captioned images (`data.captions`) and each shard also keeps the
+    text encoder's outputs for its captions (`shard_text`); `text_max_length` 0 is the encoder's default."""
     if posterior not in sh.POSTERIOR_KINDS:
         raise DataError(f"posterior {posterior!r} is not one of {sh.POSTERIOR_KINDS}")
     if on_bad_image not in ("skip", "stop"):
@@ -160,7 +165,8 @@ def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shar
     try:
         return _extract(dist, os.fspath(data_path), os.fspath(vae), int(image_size), os.fspath(out),
                         batch_size, shard_size, vae_dtype, dtype, flips, posterior, workers, device,
-                        on_bad_image, seed, progress, overwrite, keep_images)
+                        on_bad_image, seed, progress, overwrite, keep_images,
+                        (text_encoder, text_max_length, text_dtype, empty_captions) if text_encoder else None)
     except WRITE_ERRORS as err:
         if not disk_error(err):
             raise
@@ -174,8 +180,7 @@ def run_extract(data_path, vae, image_size: int, out, batch_size: int = 32, shar
 
 
 def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size, vae_dtype, dtype, flips,
-             posterior, workers, device, on_bad_image, seed, progress, overwrite=False, keep_images=False):
-    paths, labels, class_names = list_image_folder(data_path)
+             posterior, workers, device, on_bad_image, seed, progress, overwrite=False, keep_images=False, text=None):
     if os.path.isdir(os.path.expanduser(vae_name)):
         # Recorded in the manifest for `dit sample`, which may run from another directory.
         vae_name = os.path.abspath(os.path.expanduser(vae_name))
@@ -183,6 +188,15 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     # The VAE loads before anything is written: a wrong --vae must not record a plan that then
     # refuses the corrected command.
     device = _device(device)
+    captions = CaptionPart(data_path, *text, device, dtype, dist.rank) if text else None
+    if captions is None:
+        paths, labels, class_names = list_image_folder(data_path)
+        files, where = ImageFiles(paths, image_size), lambda i: os.path.relpath(paths[i], data_path)
+        listing = {"files_sha256": _files_digest(paths, labels, data_path), "num_images": len(paths)}
+    else:
+        paths, class_names, files, where, listing = captions.listing.images, None, captions.files(image_size), \
+            captions.where, captions.plan()
+        labels = np.zeros(len(paths), dtype=np.int64)  # one class: the caption is the condition
     model = load_vae(vae_name, torch_dtype, device)
     if not has_posterior(model) and posterior != "sample":
         # A deterministic encoder's std is 0: one stored latent per image says it all, in half the bytes.
@@ -192,8 +206,7 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
                   "(posterior sample)", file=sys.stderr)
     os.makedirs(out, exist_ok=True)
     plan = {
-        "data_path": os.path.abspath(data_path), "files_sha256": _files_digest(paths, labels, data_path),
-        "num_images": len(paths), "vae": vae_name, "vae_dtype": str(torch_dtype).replace("torch.", ""),
+        "data_path": data_path if "://" in data_path else os.path.abspath(data_path), **listing, "vae": vae_name, "vae_dtype": str(torch_dtype).replace("torch.", ""),
         "image_size": image_size, "shard_size": shard_size, "flips": bool(flips), "posterior": posterior,
         "dtype": dtype, "seed": int(seed) if posterior == "sample" else None,
         **({"images": True} if keep_images else {}),
@@ -215,16 +228,17 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
     todo = sum(min((s + 1) * shard_size, len(paths)) - s * shard_size for s in mine)
 
     loader = DataLoader(
-        ImageFiles(paths, image_size), batch_sampler=list(_batches(mine, shard_size, len(paths), batch_size)),
+        files, batch_sampler=list(_batches(mine, shard_size, len(paths), batch_size)),
         num_workers=workers, collate_fn=_collate, pin_memory=device.type == "cuda",
         persistent_workers=False, prefetch_factor=4 if workers > 0 else None,
     )
-    bar = tqdm(total=todo, unit="img", desc=f"extract rank {dist.rank}/{dist.world}" if dist.world > 1 else "extract",
-               disable=not progress or dist.rank != 0, mininterval=1.0, file=sys.stderr)
+    bar = progress_bar(total=todo, unit="img", desc=f"extract rank {dist.rank}/{dist.world}" if dist.world > 1 else "extract",
+                       disable=not progress or dist.rank != 0, mininterval=1.0, file=sys.stderr)
     num_flips = 2 if flips else 1
     entry = (num_flips, 2 if posterior == "mean_std" else 1, *shape)
     writer: Optional[sh.ShardWriter] = None
     kept: Optional[ImageSidecar] = None
+    text_writer = None
     skipped: List = []
     encoded = 0
     start = time.perf_counter()
@@ -233,10 +247,11 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
         shard = ((indices or [e[0] for e in errors])[0]) // shard_size
         if writer is None or writer.name != names[shard]:
             if writer is not None:
-                _close(writer, skipped, dist.rank, kept)
+                _close(writer, skipped, dist.rank, kept, text_writer)
             capacity = min((shard + 1) * shard_size, len(paths)) - shard * shard_size
             writer, skipped = sh.ShardWriter(out, names[shard], capacity, entry, dtype), []
             kept = ImageSidecar(out, names[shard], capacity, image_size) if keep_images else None
+            text_writer = captions.sidecar(out, names[shard], capacity) if captions else None
         if images is not None:
             latents, bad = encode_rows(model, images, indices, num_flips, posterior, seed, sf, shift, batch_size)
             errors = errors + [(indices[j], "VAE output is NaN or inf (try --vae-dtype fp32)") for j in bad]
@@ -244,31 +259,36 @@ def _extract(dist, data_path, vae_name, image_size, out, batch_size, shard_size,
             writer.add(latents[keep], labels[[indices[j] for j in keep]])
             if kept is not None:
                 kept.add(images[keep])
+            if captions is not None:
+                captions.add(text_writer, [indices[j] for j in keep])
             encoded += len(keep)
         for index, err in sorted(errors):
             if on_bad_image == "stop":
-                raise DataError(f"{paths[index]}: {err}; fix or remove it, or pass --on-bad-image skip")
-            skipped.append([os.path.relpath(paths[index], data_path), err])
+                named = captions.where(index) if captions else paths[index]
+                raise DataError(f"{named}: {err}; fix or remove it, or pass --on-bad-image skip")
+            skipped.append([where(index), err])
         bar.update(seen)
     if writer is not None:
-        _close(writer, skipped, dist.rank, kept)
+        _close(writer, skipped, dist.rank, kept, text_writer)
     bar.close()
     seconds = time.perf_counter() - start
     dist.barrier()
     if dist.rank == 0:
         finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
                       latent_norm=latent_stats.auto_norm(model),
-                      images=[image_size, image_size, 3] if keep_images else None)
+                      images=[image_size, image_size, 3] if keep_images else None,
+                      text=captions.finish(out) if captions else None)
     dist.barrier()
     return {"rank": dist.rank, "shards": len(mine), "images": encoded, "seconds": seconds,
             "images_per_s": encoded / seconds if seconds > 0 else 0.0}
 
 
-def _close(writer, skipped, rank, kept=None) -> None:
+def _close(writer, skipped, rank, kept=None, text_writer=None) -> None:
     """Write a shard, its marker carrying the per-channel sums of exactly the values stored (and the
-    checksums of the images kept beside them, with `kept`)."""
+    checksums of the images kept beside them, with `kept`, and of its text files, with `text_writer`)."""
     sums = latent_stats.channel_sums(writer.data[:writer.count])
-    writer.close(skipped=skipped, rank=rank, latent_sums=sums, **(kept.close() if kept else {}))
+    writer.close(skipped=skipped, rank=rank, latent_sums=sums, **(kept.close() if kept else {}),
+                 **(text_writer.close() if text_writer else {}))
 
 
 def _shard_sums(out, marker) -> dict:
@@ -279,10 +299,11 @@ def _shard_sums(out, marker) -> dict:
 
 
 def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flips, posterior, dtype, shape, data_path,
-                  latent_norm=None, images=None):
+                  latent_norm=None, images=None, text=None):
     """Once every shard in `names` is written: drop leftovers, list skipped images, write the manifest
-    (with the latents' per-channel statistics and how training uses them when `latent_norm` is given, and
-    with `images`, the H×W×3 shape of the images kept beside the latents)."""
+    (with the latents' per-channel statistics and how training uses them when `latent_norm` is given,
+    with `images`, the H×W×3 shape of the images kept beside the latents, and with `text`, the record of
+    the text encoder's outputs beside them, `shard_text`)."""
     markers = []
     for name in names:
         if not sh.shard_done(out, name):
@@ -304,11 +325,12 @@ def finish_shards(out, names, class_names, vae_name, sf, shift, image_size, flip
             stats = {"latent_norm": latent_norm, "latent_mean": merged[0], "latent_std": merged[1]}
     manifest = sh.write_manifest(
         out, count=sum(m["count"] for m in markers), latent_shape=list(shape), dtype=dtype,
-        num_classes=len(class_names), class_names=class_names, vae=vae_name, scaling_factor=sf,
+        num_classes=len(class_names) if class_names else 1, class_names=class_names, vae=vae_name, scaling_factor=sf,
         shift_factor=shift, image_size=image_size, flips=bool(flips), posterior=posterior,
         shards=[sh.manifest_entry(m) for m in markers if m["count"]],
-        skipped=len(skipped), source=os.path.abspath(data_path), **stats,
+        skipped=len(skipped), source=data_path if "://" in data_path else os.path.abspath(data_path), **stats,
         **({"images": images} if images else {}),
+        **({"text": text} if text else {}),
     )
     checksums.stamp_written(out, manifest["shards"])
     if skipped:

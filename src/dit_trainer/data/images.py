@@ -59,6 +59,11 @@ def _walk_images(folder: str, seen_dirs: set, seen_files: set) -> List[str]:
     return found
 
 
+def walk_images(folder: str) -> List[str]:
+    """Every image under `folder`, symlinks followed but each real folder and file taken once."""
+    return _walk_images(folder, set(), set())
+
+
 def list_image_folder(root) -> Tuple[List[str], np.ndarray, List[str]]:
     """(paths, labels, class_names): one sub-folder per class with sorted names as ids, or a flat folder as class 0."""
     root = os.fspath(root)
@@ -145,18 +150,20 @@ def to_model_range(batch: np.ndarray) -> np.ndarray:
 
 
 class ImageFiles:
-    """Map-style dataset of (index, uint8 image or None, error message) for extraction."""
+    """Map-style dataset of (index, uint8 image or None, error message) for extraction; `load(ref, size)`
+    reads other references than paths (a captioned listing's URLs and shard members)."""
 
-    def __init__(self, paths: Sequence[str], image_size: int):
+    def __init__(self, paths: Sequence[str], image_size: int, load=None):
         self.paths = list(paths)
         self.image_size = int(image_size)
+        self.load = load or load_image
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int):
         try:
-            return index, load_image(self.paths[index], self.image_size), None
+            return index, self.load(self.paths[index], self.image_size), None
         except IMAGE_ERRORS as err:
             # A bad file must not kill a DataLoader worker; the extractor decides skip or stop.
             return index, None, f"{type(err).__name__}: {err}".replace("\n", " ")

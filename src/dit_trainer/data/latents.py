@@ -271,16 +271,9 @@ def open_latent_dataset(path, num_classes=None, random_flip=False, seed=0, label
     if not os.path.isdir(path):
         raise DataError(f"{path} is not a folder; pass the folder holding the latents")
     if os.path.isfile(os.path.join(path, "manifest.json")):
-        try:
-            from dit_trainer.data.shards import LatentShards
-        except ModuleNotFoundError as err:
-            if err.name != "dit_trainer.data.shards":
-                raise
-            raise DataError(
-                f"{os.path.join(path, 'manifest.json')} marks a sharded dataset but this install has no "
-                f"dit_trainer.data.shards; update dit-trainer"
-            ) from None
-        ds = LatentShards(path, random_flip=random_flip, seed=seed)
+        from dit_trainer.data.text_shards import open_shards
+
+        ds = open_shards(path, random_flip=random_flip, seed=seed)
         have = getattr(ds, "num_classes", None)
         if num_classes is not None and have is not None and have > num_classes:
             raise DataError(

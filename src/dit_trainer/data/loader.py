@@ -6,6 +6,8 @@ share of that batch, so any layout sees the same global batch as one process doe
 position (epoch, sample in the epoch) is all that resuming needs.
 """
 
+import os
+
 import torch
 from torch.utils.data import DataLoader, Sampler
 
@@ -24,12 +26,16 @@ def build_dataset(cfg, num_classes=None):
         return DigitsDataset(image_size=data.digits_size)
     from dit_trainer.data.online import looks_like_image_folder
 
-    if looks_like_image_folder(data.path):
+    # Captioned images (any layout, local or URL) with a text encoder; shards record their own encoder.
+    captioned = data.text_encoder is not None and not os.path.isfile(os.path.join(data.path, "manifest.json"))
+    if captioned or looks_like_image_folder(data.path):
         from dit_trainer.data.online import open_image_folder
 
+        text = {"encoder": data.text_encoder, "max_length": data.text_max_length, "dtype": data.text_dtype,
+                "empty": data.empty_captions} if captioned else None
         dataset = open_image_folder(data.path, vae=data.vae, image_size=data.image_size, vae_dtype=data.vae_dtype,
                                     device=cfg.train.device, cache_dir=data.cache_dir, random_flip=data.random_flip,
-                                    seed=cfg.train.seed)
+                                    seed=cfg.train.seed, text=text)
         dataset.allow_changed = bool(data.allow_changed)  # read by StepLoader when a checkpoint is resumed
         return dataset
     from dit_trainer.data.latents import open_latent_dataset
@@ -45,8 +51,6 @@ def build_dataset(cfg, num_classes=None):
 
 
 def _source(cfg, dataset) -> str:
-    import os
-
     path = cfg.data.path
     if getattr(dataset, "source", None):
         return dataset.source
@@ -81,13 +85,12 @@ class DataShapes:
         dataset, source = self.dataset, _source(cfg, self.dataset)
 
         def take(key: str, value, what: str) -> None:
-            section, name = key.split(".")
-            have = getattr(getattr(cfg, section), name)
+            have = _get(cfg, key)
             if key in weights and have != value:
                 raise ConfigError(f"model.weights_path {cfg.model.weights_path} is for {key} {have} but {source} holds "
                                   f"{what}; train these weights on data of their shape, or start from other weights")
             if key not in given and key not in weights:
-                setattr(getattr(cfg, section), name, value)
+                _set(cfg, key, value)
             elif have != value:
                 raise ConfigError(f"{key} is {have} but {source} holds {what}; set {key} to {value} or leave it out "
                                   f"(the data decides it)")
@@ -100,6 +103,8 @@ class DataShapes:
                                 "re-extract them square")
             take("model.in_channels", int(channels), f"{channels}-channel latents")
             take("model.input_size", int(height), f"{height}x{width} latents")
+        if getattr(dataset, "text_hidden_size", None) is not None:
+            _take_text(cfg, given, dataset, take)
         count = getattr(dataset, "num_classes", None)
         if count is not None and cfg.model.weights_path:
             _labels_fit(cfg, dataset, source, int(count), "model.num_classes" in weights)
@@ -121,6 +126,48 @@ class DataShapes:
         fill_latent_stats(cfg, given, dataset, source)
 
 
+def _get(cfg, key: str):
+    """The value of dotted `key`; a model key that is no shared field is the family's option."""
+    section, name = key.split(".")
+    obj = getattr(cfg, section)
+    return obj.options.get(name) if section == "model" and not hasattr(obj, name) else getattr(obj, name)
+
+
+def _set(cfg, key: str, value) -> None:
+    section, name = key.split(".")
+    obj = getattr(cfg, section)
+    if section == "model" and not hasattr(obj, name):
+        obj.options[name] = value
+    else:
+        setattr(obj, name, value)
+
+
+# What a text family takes from text data, when its config dataclass declares the field.
+TEXT_FIELDS = (("text_hidden_size", "{}-wide text embeddings"), ("text_pooled_size", "pooled text vectors of {}"),
+               ("text_max_length", "captions of {} tokens"))
+
+
+def _take_text(cfg, given, dataset, take) -> None:
+    """Text data: its encoder and token count go to `data.*`, and the sizes its family declares (the
+    options named in TEXT_FIELDS) to the model."""
+    if "data.text_encoder" not in given:
+        cfg.data.text_encoder = dataset.text_encoder
+    take("data.text_max_length", int(dataset.text_max_length), f"captions of {dataset.text_max_length} tokens")
+    try:
+        from dit_trainer.models.spec import get_spec
+
+        config_cls = get_spec(cfg.model.name).config_cls
+    except ConfigError:
+        return  # an unknown model name is reported where the model is built
+    import dataclasses
+
+    declared = {f.name for f in dataclasses.fields(config_cls)} if config_cls is not None else set()
+    for option, what in TEXT_FIELDS:
+        value = getattr(dataset, option, None)
+        if option in declared and value is not None:
+            take(f"model.{option}", int(value), what.format(value))
+
+
 def _labels_fit(cfg, dataset, source: str, count: int, from_weights: bool) -> None:
     """A model started from weights keeps its class count; the data's labels must fit inside it."""
     labels = getattr(dataset, "labels", None)
@@ -139,7 +186,12 @@ class GlobalBatchSampler(Sampler):
     size continues at the sample the run stopped at instead of reusing a batch index.
     """
 
-    def __init__(self, dataset_len, global_batch_size, seed=0, dp_rank=0, dp_size=1, epoch=0, batch_in_epoch=0):
+    def __init__(self, dataset_len, global_batch_size, seed=0, dp_rank=0, dp_size=1, epoch=0, batch_in_epoch=0,
+                 kept=None):
+        """`kept`: the indices training reads (a held-out split leaves the rest out); None: all of them."""
+        self.kept = None if kept is None else torch.as_tensor(kept, dtype=torch.long)
+        self.held_out = 0 if kept is None else dataset_len - len(self.kept)
+        dataset_len = dataset_len if kept is None else len(self.kept)
         if global_batch_size % dp_size:
             raise ConfigError(f"train.global_batch_size {global_batch_size} is not divisible by the {dp_size} data-parallel ranks")
         if dataset_len < global_batch_size:
@@ -169,11 +221,16 @@ class GlobalBatchSampler(Sampler):
         start = self.dp_rank * self.local
         for first in range(self.sample_in_epoch, self.n - self.global_batch_size + 1, self.global_batch_size):
             batch = perm[first : first + self.global_batch_size]
+            if self.kept is not None:
+                batch = self.kept[batch]
             yield batch[start : start + self.local].tolist()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "sample_in_epoch": self.sample_in_epoch,
-                "global_batch_size": self.global_batch_size}
+        state = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "sample_in_epoch": self.sample_in_epoch,
+                 "global_batch_size": self.global_batch_size}
+        if self.held_out:  # only then: a run without a split saves what it always saved
+            state["held_out"] = self.held_out
+        return state
 
 
 class StepLoader:
@@ -249,6 +306,10 @@ class StepLoader:
             self.sampler.sample_in_epoch = int(state["batch_in_epoch"]) * int(saved)
         self._it = None
         self._check_fingerprint(state.get("fingerprint"))
+        saved = int(state.get("held_out", 0))
+        if saved != self.sampler.held_out and self._refusal is None:
+            self._refusal = (f"the checkpoint's run held out {saved} samples of the data for validation and this one "
+                             f"{self.sampler.held_out}, so its data order would differ; set data.val_split {saved}")
 
     def _check_fingerprint(self, saved) -> None:
         """A changed image folder makes the resume inexact: refused before the first batch (raised

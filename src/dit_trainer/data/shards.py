@@ -107,7 +107,8 @@ class ShardWriter:
 
 def manifest_entry(marker: Dict) -> Dict:
     """A shard's entry in the manifest: name, count and the checksums its marker recorded."""
-    return {k: marker[k] for k in ("name", "count", "bytes", "sha256", "labels_sha256", "images_bytes", "images_sha256") if k in marker}
+    return {k: v for k, v in marker.items() if k in ("name", "count", "bytes", "sha256", "labels_sha256")
+            or k.endswith(("_bytes", "_sha256"))}
 
 
 def write_manifest(root: str, **fields) -> Dict:

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from dit_trainer.data import checksums
+from dit_trainer.data import shard_text
 from dit_trainer.data import shards as sh
 from dit_trainer.data.indexing import NPY_ERRORS
 from dit_trainer.errors import DataError, one_line
@@ -56,10 +57,10 @@ def convert(src, out, shard_size: int = 4096, dtype: str = "float16", num_classe
     # Stored latents were one posterior sample, possibly of a randomly flipped image (fast-DiT bakes
     # one flip in), so they are recorded as samples without stored flips.
     entry = (1, 1, *ds.latent_shape)
-    from tqdm import tqdm
+    from dit_trainer.progress import progress_bar
 
     markers = []
-    with tqdm(total=n, unit="latent", desc="convert", disable=not progress, mininterval=1.0) as bar:
+    with progress_bar(total=n, unit="latent", desc="convert", disable=not progress, mininterval=1.0) as bar:
         for s in range(num_shards):
             lo, hi = s * shard_size, min((s + 1) * shard_size, n)
             writer = sh.ShardWriter(out, sh.shard_name(s, num_shards), hi - lo, entry, dtype)
@@ -182,10 +183,10 @@ def verify_per_file(path, labels_file=None, unconditional: bool = False, progres
         ds = open_per_file_latents(os.fspath(path), labels_file=labels_file, unconditional=unconditional)
     except DataError as err:
         return [str(err)], None
-    from tqdm import tqdm
+    from dit_trainer.progress import progress_bar
 
     problems = []
-    for i in tqdm(range(len(ds)), unit="latent", desc="verify", disable=not progress, mininterval=1.0):
+    for i in progress_bar(range(len(ds)), unit="latent", desc="verify", disable=not progress, mininterval=1.0):
         try:
             ds.load_latent(i)
         except DataError as err:
@@ -206,13 +207,20 @@ def verify(path, progress: bool = False) -> List[str]:
         return problems
     entry = sh.entry_shape(m)
     listed = {s["name"] for s in m["shards"]}
-    from tqdm import tqdm
+    from dit_trainer.progress import progress_bar
 
-    for s in tqdm(m["shards"], unit="shard", desc="verify", disable=not progress):
-        problems += _check_shard(root, m, s["name"], s["count"], entry) or _check_sums(root, s)
+    text = m.get("text")
+    problems += shard_text.text_problems(file, text) if text is not None else []
+    if problems:
+        return problems
+    for s in progress_bar(m["shards"], unit="shard", desc="verify", disable=not progress):
+        problems += (_check_shard(root, m, s["name"], s["count"], entry) or _check_sums(root, s)
+                     or (shard_text.check_shard_text(root, text, s["name"], s["count"]) if text else []))
+    problems += shard_text.null_problems(root, text) if text is not None else []
     for stray in sorted(glob.glob(os.path.join(root, "shard-*.npy"))):
-        stem = os.path.basename(stray)[:-4]
-        for suffix in (".labels", ".images"):  # .images: the crops `dit extract --keep-images` keeps
+        stem = os.path.basename(stray)
+        # What `dit extract` keeps beside the latents: labels, crops (--keep-images), text (--text-encoder).
+        for suffix in (".labels.npy", *checksums.SIDECARS.values(), ".npy"):
             stem = stem.removesuffix(suffix)
         if stem not in listed:
             problems.append(f"{stray}: not listed in {file}; delete it or re-run the extraction")

@@ -98,6 +98,15 @@ class DiffusionObjective(Objective):
         mse_weight = self.mse_weights.to(terms["mse"].device)[draws["t"]].to(terms["mse"].dtype)
         return weighted_loss(terms, mse_weight) * draws["weight"]
 
+    def validation_times(self, k: int):
+        """Timesteps j * T // k, j = 0..k-1, of the T the objective trains on: 0 is the data's end."""
+        return torch.arange(k, dtype=torch.long) * self.diffusion.num_timesteps // k
+
+    def draws_at(self, t, noise):
+        """{"t", "weight" (ones), "noise"} at timesteps `t`."""
+        t = torch.as_tensor(t, dtype=torch.long, device=noise.device)
+        return {"t": t, "weight": torch.ones(len(t), device=noise.device), "noise": noise}
+
     def observe(self, draws, losses):
         """Feed the unweighted per-sample losses to a loss-aware schedule sampler."""
         update = getattr(self.schedule_sampler, "update_with_local_losses", None)

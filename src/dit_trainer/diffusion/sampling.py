@@ -5,7 +5,7 @@ and the x_0 / eps conversions; this module only walks the chain.
 """
 
 import torch
-from tqdm.auto import tqdm
+from dit_trainer.progress import progress_bar
 
 from .utils import extract_into_tensor as _extract
 
@@ -228,7 +228,7 @@ class SamplingMixin:
         img = noise if noise is not None else torch.randn(*shape, device=device)
         indices = list(range(self.num_timesteps))[::-1]
         if progress:
-            indices = tqdm(indices)
+            indices = progress_bar(indices)
         for i in indices:
             # A fill on the device: torch.tensor(list, device=cuda) is a blocking copy, a host wait per step.
             t = torch.full((shape[0],), i, device=device, dtype=torch.long)

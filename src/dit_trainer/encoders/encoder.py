@@ -1,5 +1,7 @@
 """The frozen encoder REPA-style training reads targets from: a DINOv2 ViT that stays in eval mode."""
 
+import dataclasses
+
 import torch
 
 from dit_trainer.encoders.preprocessing import check_size, preprocess
@@ -26,6 +28,15 @@ class Encoder(DinoViT):
         """Patch tokens per image at input size `size`."""
         check_size(size, self.patch_size)
         return (size // self.patch_size) ** 2
+
+    @torch.no_grad()
+    def resample_pos_embed(self, size: int) -> None:
+        """Keep the position table resampled once to the patch grid of `size` px (with the shape's
+        convention), as REPA does at load: a forward at `size` then uses it as it is, with no resampling."""
+        check_size(size, self.patch_size)
+        table = self.interpolate_pos_encoding(size, size).detach().clone()
+        self.pos_embed = torch.nn.Parameter(table, requires_grad=False)
+        self.shape = dataclasses.replace(self.shape, img_size=size)
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, size: int):

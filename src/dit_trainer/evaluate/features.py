@@ -49,9 +49,9 @@ def iter_features(network, images, batch_size: int = 64, dtype: str = "fp32", de
     amp = DTYPES[dtype]
     if total is None and hasattr(images, "__len__"):
         total = len(images)
-    from tqdm.auto import tqdm
+    from dit_trainer.progress import progress_bar
 
-    with tqdm(total=total, desc=desc, unit="img", disable=not progress) as bar:
+    with progress_bar(total=total, desc=desc, unit="img", disable=not progress) as bar:
         for batch in _batches(images, batch_size):
             x = torch.as_tensor(np.asarray(batch))
             if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:

@@ -4,8 +4,9 @@ refused in one line when it cannot fit, rather than the process being killed hal
 Two stages grow with the number of samples N: the features of every sample (kept until the
 statistics, IS and precision/recall are taken, plus the float64 copies the statistics make) and
 precision/recall, whose distance blocks are at most `batch_size`² entries whatever N (see
-precision_recall.py) plus a few bytes per point. The estimates are upper bounds of what those
-arrays take, not of the process (torch and the network come on top).
+precision_recall.py) plus a few bytes per point. The estimates bound what the process grows by
+while those stages run, their temporaries and device copies counted (tests/evaluate measure the
+peak resident memory of precision/recall against it); torch and the network come on top.
 """
 
 import os
@@ -16,6 +17,7 @@ from dit_trainer.errors import ResourceError
 from dit_trainer.evaluate.precision_recall import BLOCK, GROUP, workspace_bytes
 
 GB = 1e9
+ALLOCATOR_SLACK = 8 * 2**20  # what the host allocator keeps of a stage's small, short-lived tensors
 
 
 def _meminfo_available() -> Optional[int]:
@@ -97,12 +99,19 @@ def feature_bytes(n: int, dims: Tuple[int, int, int]) -> int:
     return n * (4 * (pool + spatial + logits) + max(16 * max(pool, spatial), 32 * logits))
 
 
-def pr_bytes(n_ref: int, n_samples: int, dim: int, batch_size: int = BLOCK, dtype: str = "fp16") -> int:
-    """Precision/recall of `n_samples` against `n_ref` points of `dim` features: the largest
-    distance block's buffers and group minima, plus radii, flags and float16 copies per point."""
+def pr_bytes(n_ref: int, n_samples: int, dim: int, batch_size: int = BLOCK, dtype: str = "fp16", device="cpu",
+             k: int = 3) -> int:
+    """Precision/recall of `n_samples` against `n_ref` points of `dim` features on `device`: the
+    largest distance block's buffers, what one block allocates beside them, radii and flags per
+    point, and the float32 features copied to a device other than the host."""
     side = min(batch_size, max(n_ref, n_samples))
-    per_point = 4 + 1 + 2 * dim
-    return workspace_bytes(side, side, dtype, masks=True) + side * side * 4 // GROUP + (n_ref + n_samples) * per_point
+    # Beside the buffers, per block: its group minima (and the heap pages the last block's minima
+    # left), each row's candidates for its k + 1 nearest, and the allocator's few MB of small blocks.
+    transient = 2 * side * side * 4 // GROUP + side * (GROUP + 2) * (k + 1) * 12 + ALLOCATOR_SLACK
+    per_point = 4 + 1  # float32 radius, bool inside the other manifold
+    # Host float32 features are used in place; another device gets its own float32 copy of both sets.
+    copies = 0 if str(device).split(":")[0] == "cpu" else 4 * dim
+    return workspace_bytes(side, side, dtype, masks=True, dim=dim) + transient + (n_ref + n_samples) * (per_point + copies)
 
 
 def _gb(n: int) -> str:
@@ -114,7 +123,7 @@ def check_eval_memory(samples, n: int, dims: Tuple[int, int, int], n_ref: Option
     """The line saying what the samples' features and precision/recall (n_ref None: skipped) will
     hold; ResourceError naming what to do when they cannot fit in what is available."""
     features = feature_bytes(n, dims)
-    pr = 0 if n_ref is None else pr_bytes(n_ref, n, dims[0], batch_size, dtype)
+    pr = 0 if n_ref is None else pr_bytes(n_ref, n, dims[0], batch_size, dtype, device)
     host = available_bytes("cpu")
     # Features stay on the host; precision/recall runs on `device`, beside them when that is the host.
     on_host = str(device).split(":")[0] == "cpu"

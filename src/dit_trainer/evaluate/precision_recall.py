@@ -10,7 +10,10 @@ so its memory grows with N. Here each row block keeps only its k+1 smallest dist
 merges each column block's k+1 smallest into them; the k+1 smallest of a union are the k+1
 smallest of the parts' k+1 smallest, so the radii are the same values, in memory set by the
 block size alone. Every block is the same (rows, columns) pair computed the same way as before,
-into buffers allocated once (a fresh 400 MB block per step would fault its pages in each time).
+into buffers allocated once (a fresh 400 MB block per step would fault its pages in each time):
+the block, in float16 its rows and columns rounded and widened for the product, and a chunk of
+rows' squares for the norms; a block allocates only its group minima and a few values per row
+beside them (`workspace_bytes` and evaluate/memory.py count both).
 
 ADM's graph computes each block in float16: the features are cast to float16, and the squares,
 squared norms, product, difference and sum are float16 tensors; a block holding inf or NaN (an
@@ -27,15 +30,32 @@ import torch
 DISTANCE_DTYPES = ("fp16", "fp32")
 BLOCK = 10_000  # ADM's block: rows and columns per distance block
 GROUP = 10  # columns per group whose minimum screens a row's nearest (see _block_smallest)
+# Feature elements whose squared norms are taken at once, in buffers of the workspace: 8 bytes each
+# (32 MB) whatever the block, and a few kernel launches per block on a GPU.
+CHUNK = 2**22
+
+
+def _chunk_rows(rows: int, dim: int) -> int:
+    """Rows of `dim` features whose norms are taken at once."""
+    return min(rows, max(1, CHUNK // max(1, dim)))
 
 
 class _Workspace:
-    """Buffers for distance blocks of up to `elements` entries, reused by every block."""
+    """Buffers for distance blocks of up to rows×cols entries of `dim` features, reused by every block."""
 
-    def __init__(self, elements: int, dtype: str, device, masks: bool = False):
+    def __init__(self, rows: int, cols: int, dim: int, dtype: str, device, masks: bool = False):
+        elements, half = rows * cols, dtype == "fp16"
         self.f32 = torch.empty(elements, dtype=torch.float32, device=device)
-        self.f16 = torch.empty(elements, dtype=torch.float16, device=device) if dtype == "fp16" else None
+        self.f16 = torch.empty(elements, dtype=torch.float16, device=device) if half else None
         self.mask = torch.empty(elements, dtype=torch.bool, device=device) if masks else None
+        # float16: the block's rows and columns rounded to float16 and widened back for the product.
+        self.u32 = torch.empty(rows * dim if half else 0, dtype=torch.float32, device=device)
+        self.v32 = torch.empty(cols * dim if half else 0, dtype=torch.float32, device=device)
+        # A chunk of rows' squares (float16: the rounded rows, their float16 squares, widened).
+        chunk = _chunk_rows(max(rows, cols), dim) * dim
+        self.sq32 = torch.empty(chunk, dtype=torch.float32, device=device)
+        self.h16 = torch.empty(chunk if half else 0, dtype=torch.float16, device=device)
+        self.sq16 = torch.empty(chunk if half else 0, dtype=torch.float16, device=device)
 
     @staticmethod
     def view(buffer: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -43,9 +63,41 @@ class _Workspace:
         return buffer[:rows * cols].view(rows, cols)
 
 
-def workspace_bytes(rows: int, cols: int, dtype: str, masks: bool = False) -> int:
-    """Bytes of the buffers one rows×cols distance block needs (see _Workspace)."""
-    return rows * cols * (4 + (2 if dtype == "fp16" else 0) + (1 if masks else 0))
+def workspace_bytes(rows: int, cols: int, dtype: str, masks: bool = False, dim: int = 0) -> int:
+    """Bytes of the buffers one rows×cols distance block of `dim` features needs (see _Workspace)."""
+    half = dtype == "fp16"
+    block = rows * cols * (4 + (2 if half else 0) + (1 if masks else 0))
+    features = 4 * (rows + cols) * dim if half else 0
+    return block + features + _chunk_rows(max(rows, cols), dim) * dim * (8 if half else 4)
+
+
+def _chunks(x: torch.Tensor):
+    """(row slice, rows) of `x` a chunk at a time."""
+    step = _chunk_rows(len(x), x.shape[1])
+    for start in range(0, len(x), step):
+        yield slice(start, start + step), x[start:start + step]
+
+
+def _sq_norms(x: torch.Tensor, ws: _Workspace) -> torch.Tensor:
+    """(x * x).sum(1) of float32 `x`, a chunk of rows at a time (a row's sum does not depend on the rows beside it)."""
+    out = torch.empty(len(x), dtype=torch.float32, device=x.device)
+    for rows, part in _chunks(x):
+        square = torch.mul(part, part, out=ws.view(ws.sq32, *part.shape))
+        torch.sum(square, 1, out=out[rows])
+    return out
+
+
+def _rounded(x: torch.Tensor, buffer: torch.Tensor, ws: _Workspace):
+    """(x rounded to float16 and widened back, in `buffer`; its rows' float16 squared norms): ADM's
+    graph's u16 and (u16 * u16).sum(1), squares rounded to float16 and summed in float32."""
+    out = buffer[:x.numel()].view(x.shape)
+    norms = torch.empty(len(x), dtype=torch.float16, device=x.device)
+    for rows, part in _chunks(x):
+        h = ws.view(ws.h16, *part.shape).copy_(part)
+        square = torch.mul(h, h, out=ws.view(ws.sq16, *part.shape))
+        norms[rows] = ws.view(ws.sq32, *part.shape).copy_(square).sum(1)
+        out[rows].copy_(h)
+    return out, norms
 
 
 def _check_dtype(dtype: str) -> None:
@@ -58,21 +110,19 @@ def _fp32_block(u: torch.Tensor, v: torch.Tensor, ws: _Workspace) -> torch.Tenso
     d = ws.view(ws.f32, len(u), len(v))
     torch.mm(u, v.t(), out=d)
     d.mul_(2.0)
-    torch.sub((u * u).sum(1, keepdim=True), d, out=d)
-    d.add_((v * v).sum(1)[None])
+    torch.sub(_sq_norms(u, ws)[:, None], d, out=d)
+    d.add_(_sq_norms(v, ws)[None])
     return d.clamp_min_(0.0)
 
 
 def _fp16_block(u: torch.Tensor, v: torch.Tensor, ws: _Workspace, widen: bool = True) -> torch.Tensor:
-    half = torch.float16
-    u16, v16 = u.to(half), v.to(half)
     # Elementwise float16 ops round their exact result once (on CPU through float32, whose 24 bits
     # make rounding twice harmless for one +, - or × of float16 values); reductions run in float32
     # and round at the end.
-    norm_u = (u16 * u16).float().sum(1).to(half)
-    norm_v = (v16 * v16).float().sum(1).to(half)
+    u16, norm_u = _rounded(u, ws.u32, ws)
+    v16, norm_v = _rounded(v, ws.v32, ws)
     product = ws.view(ws.f32, len(u), len(v))
-    torch.mm(u16.float(), v16.float().t(), out=product)
+    torch.mm(u16, v16.t(), out=product)
     d = ws.view(ws.f16, len(u), len(v))
     d.copy_(product)
     d.mul_(2)
@@ -95,7 +145,7 @@ def _block(u: torch.Tensor, v: torch.Tensor, dtype: str, ws: _Workspace, widen: 
 def pairwise_sq_distances(u: torch.Tensor, v: torch.Tensor, dtype: str = "fp32") -> torch.Tensor:
     """|u_i - v_j|^2 for every pair as float32, ||u||^2 - 2 u·v + ||v||^2 clamped at 0, in `dtype` (see above)."""
     _check_dtype(dtype)
-    ws = _Workspace(len(u) * len(v), dtype, u.device)
+    ws = _Workspace(len(u), len(v), u.shape[1], dtype, u.device)
     return _fp16_block(u, v, ws) if dtype == "fp16" else _fp32_block(u.float(), v.float(), ws)
 
 
@@ -163,7 +213,7 @@ def manifold_radii(features, k: int = 3, batch_size: int = BLOCK, device="cpu", 
     f = _tensor(features, device)
     _check_count(f, k)
     side = min(batch_size, len(f))
-    return _radii(f, k, batch_size, dtype, _Workspace(side * side, dtype, f.device)).cpu().numpy()
+    return _radii(f, k, batch_size, dtype, _Workspace(side, side, f.shape[1], dtype, f.device)).cpu().numpy()
 
 
 def precision_recall(ref_features, sample_features, k: int = 3, batch_size: int = BLOCK, device="cpu",
@@ -177,7 +227,7 @@ def precision_recall(ref_features, sample_features, k: int = 3, batch_size: int 
     _check_count(ref, k)
     _check_count(sam, k)
     side = min(batch_size, max(len(ref), len(sam)))
-    ws = _Workspace(side * side, dtype, ref.device, masks=True)  # fits the largest block of all three passes
+    ws = _Workspace(side, side, ref.shape[1], dtype, ref.device, masks=True)  # fits the largest block of all three passes
     ref_radii = _radii(ref, k, batch_size, dtype, ws)
     sam_radii = _radii(sam, k, batch_size, dtype, ws)
     ref_in = torch.zeros(len(ref), dtype=torch.bool, device=ref.device)

@@ -15,6 +15,7 @@ FAMILIES = (
     "dit_trainer.models.dit",
     "dit_trainer.models.sit",
     "dit_trainer.models.large_dit",
+    "dit_trainer.models.pixart",
 )
 for _family in FAMILIES:
     importlib.import_module(_family)

@@ -30,17 +30,17 @@ class MatmulAttention(torch.autograd.Function):
     the backward recomputes the probabilities (one q kᵀ matmul and a softmax)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, scale):
-        probs = torch.softmax(torch.matmul(q * scale, k.transpose(-2, -1)), dim=-1)
-        ctx.save_for_backward(q, k, v)
+    def forward(ctx, q, k, v, scale, mask=None):
+        probs = torch.softmax(_masked(torch.matmul(q * scale, k.transpose(-2, -1)), mask), dim=-1)
+        ctx.save_for_backward(q, k, v, mask)
         ctx.scale = scale
         return torch.matmul(probs, v)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v = ctx.saved_tensors
+        q, k, v, mask = ctx.saved_tensors
         q_scaled = q * ctx.scale
-        probs = torch.softmax(torch.matmul(q_scaled, k.transpose(-2, -1)), dim=-1)
+        probs = torch.softmax(_masked(torch.matmul(q_scaled, k.transpose(-2, -1)), mask), dim=-1)
         grad_out = grad_out.contiguous()
         grad_v = torch.matmul(probs.transpose(-2, -1), grad_out)
         grad_probs = torch.matmul(grad_out, v.transpose(-2, -1))
@@ -48,7 +48,12 @@ class MatmulAttention(torch.autograd.Function):
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
         grad_q = torch.matmul(grad_scores, k).mul_(ctx.scale)
         grad_k = torch.matmul(grad_scores.transpose(-2, -1), q_scaled)
-        return grad_q, grad_k, grad_v, None
+        return grad_q, grad_k, grad_v, None, None
+
+
+def _masked(scores, mask):
+    """Scores of the keys `mask` leaves out (False) at -inf, so softmax gives them no weight."""
+    return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
 
 
 def use_matmul_kernel(q: torch.Tensor) -> bool:
@@ -70,11 +75,12 @@ def forward_ad_attention():
         _forward_ad = was
 
 
-def attention(q, k, v, enable_gqa=False):
-    """softmax(q kᵀ/√d) v over (B, H, N, d) tensors; GQA repeats kv heads as SDPA does."""
+def attention(q, k, v, enable_gqa=False, mask=None):
+    """softmax(q kᵀ/√d) v over (B, H, N, d) tensors; GQA repeats kv heads as SDPA does. `mask`: a
+    boolean tensor broadcasting to (B, H, N, M), False for keys a query must not see (a caption's padding)."""
     if _forward_ad or not use_matmul_kernel(q):
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=enable_gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
     if enable_gqa and k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    return MatmulAttention.apply(q, k, v, q.shape[-1] ** -0.5)
+    return MatmulAttention.apply(q, k, v, q.shape[-1] ** -0.5, mask)

@@ -89,6 +89,8 @@ class ModelCosts:
     tp_allreduces: tuple = (2, 2)  # all-reduces of one block's (forward, backward) under tensor parallelism
     attention_share: float = 1.0  # a block's attention work over a full block's, averaged over blocks (token routing)
     replicated_bytes: float = 0.0  # weights every rank holds whole beside the model, never trained (REPA's frozen encoder)
+    sharded_frozen_bytes: float = 0.0  # frozen weights beside the model that FSDP shards over dp_shard, whole without it (an online text encoder)
+    sharded_frozen_params: int = 0  # their parameter count
 
     @property
     def trainable(self) -> int:

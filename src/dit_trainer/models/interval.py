@@ -34,6 +34,17 @@ def add_interval(model, c, t, h):
     return c + embedder(torch.zeros_like(t) if h is None else h)
 
 
+def check_interval(model, cfg, name: str) -> None:
+    """A one-line ConfigError where the objective of `cfg` needs an interval input that model `name` lacks
+    (a family whose builder adds no `h_embedder`, such as PixArt)."""
+    from dit_trainer.errors import ConfigError
+    from dit_trainer.objective import takes_interval
+
+    if takes_interval(cfg) and getattr(model, EMBEDDER, None) is None:
+        raise ConfigError(f"objective {cfg.objective} needs the interval input h, which model {name} does not build "
+                          "(its family has no interval embedding yet); use a DiT, SiT or Large-DiT model")
+
+
 def is_interval_key(key: str) -> bool:
     """Whether a state-dict key belongs to the interval embedder."""
     return key.startswith(EMBEDDER + ".")

@@ -109,13 +109,14 @@ class TanhGELU(nn.Module):
 
 
 class Mlp(nn.Module):
-    """Two-layer MLP with tanh-approximated GELU, as in DiT."""
+    """Two-layer MLP with tanh-approximated GELU, as in DiT (and PixArt's caption projection, whose
+    `out_features` differ from its input's)."""
 
-    def __init__(self, in_features, hidden_features):
+    def __init__(self, in_features, hidden_features, out_features=None):
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden_features)
         self.act = TanhGELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.fc2 = nn.Linear(hidden_features, out_features or in_features)
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -165,15 +166,39 @@ def _sincos_1d(embed_dim, pos):
     return np.concatenate([np.sin(out), np.cos(out)], axis=1)
 
 
-def get_2d_sincos_pos_embed(embed_dim, grid_size):
-    """Fixed 2-D sin-cos position embedding (grid_size**2, embed_dim), MAE's float64 recipe."""
+def get_2d_sincos_pos_embed(embed_dim, grid_size, interpolation_scale=1.0):
+    """Fixed 2-D sin-cos position embedding (grid_size**2, embed_dim), MAE's float64 recipe; positions
+    are arange(grid_size) / interpolation_scale (PixArt's scale for grids larger than it started on)."""
     grid_h = np.arange(grid_size, dtype=np.float32)
     grid_w = np.arange(grid_size, dtype=np.float32)
+    if interpolation_scale != 1:
+        grid_h = grid_h / np.float32(interpolation_scale)
+        grid_w = grid_w / np.float32(interpolation_scale)
     # meshgrid(w, h): the first half of the channels encodes the column, as in the release.
     grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape(2, 1, grid_size, grid_size)
     emb_h = _sincos_1d(embed_dim // 2, grid[0])
     emb_w = _sincos_1d(embed_dim // 2, grid[1])
     return np.concatenate([emb_h, emb_w], axis=1)
+
+
+def init_backbone(model, interpolation_scale=1.0) -> None:
+    """The release's first initialisation of a DiT-like `model` (DiT, PixArt), in its order: Xavier-uniform
+    linears with zero biases, the fixed sin-cos `pos_embed`, and the patch conv like a linear layer over
+    its flattened kernel."""
+
+    def _basic_init(module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.constant_(module.bias, 0)
+
+    model.apply(_basic_init)
+    grid = int(model.x_embedder.num_patches**0.5)
+    pos_embed = get_2d_sincos_pos_embed(model.pos_embed.shape[-1], grid, interpolation_scale)
+    model.pos_embed.data.copy_(torch.from_numpy(pos_embed).float().unsqueeze(0))
+    w = model.x_embedder.proj.weight.data
+    nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
+    nn.init.constant_(model.x_embedder.proj.bias, 0)
 
 
 def unpatchify(x, patch_size: int, channels: int):

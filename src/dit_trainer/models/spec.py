@@ -26,7 +26,10 @@ class ModelSpec:
     the training FLOPs of one image (for MFU); `costs_fn(cfg)` gives the counts the layout planner
     prices (`models.costs.ModelCosts`: parameters, work and saved activations per block, no model
     built); `objective` is what `objective: auto` trains it with; `weights_shape_fn` reads the
-    model keys off a state dict, `label_embedding` names the class table.
+    model keys off a state dict, `label_embedding` names the class table; `condition` names what
+    the model is conditioned on (`dit_trainer.condition`: "class" labels or "text" captions);
+    `adopt_weights_fn(model, state_dict, source, log)` turns another family's weights of the same
+    shape into a full state dict of `model` (a PixArt from a DiT).
     """
 
     name: str
@@ -44,6 +47,8 @@ class ModelSpec:
     # those weights need: what `model.weights_path` fills in (see train/pretrained.py)
     weights_shape_fn: Optional[Callable] = None
     label_embedding: str = "y_embedder.embedding_table.weight"  # the table a new class count starts anew
+    condition: str = "class"  # what the model is conditioned on: class | text (dit_trainer.condition)
+    adopt_weights_fn: Optional[Callable] = None  # (model, state_dict, source, log) -> model's full state dict
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""

@@ -150,6 +150,20 @@ def apply_fsdp(model, units, dp_mesh, param_dtype=torch.float32, reduce_dtype=to
     return model
 
 
+def shard_frozen(module, units, mesh):
+    """fully_shard a frozen, inference-only `module` over `mesh`: each unit, then the root, every one
+    resharded after its forward, so a rank holds 1/N of the weights between calls and one unit whole
+    during them. Its forward becomes a collective over `mesh` (every rank calls it, as often)."""
+    from torch.distributed.fsdp import fully_shard
+
+    module.requires_grad_(False)
+    for unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=True)
+    # Set explicitly: FSDP keeps an unset root gathered after forward, for a backward that never comes.
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    return module
+
+
 def apply_ddp(model, dp_mesh):
     """Replicate the model over `dp_mesh`, averaging gradients in buckets (DDP)."""
     from torch.distributed._composable.replicate import replicate

@@ -22,7 +22,12 @@ def run(args) -> int:
     """Rebuild and print each folder with how closely its profile was matched."""
     import json
 
+    from dit_trainer.errors import ConfigError
+    from dit_trainer.fs import check_output_path
     from dit_trainer.phema.posthoc import reconstruct
+
+    if args.out is not None:  # before minutes of reading snapshots
+        check_output_path(args.out, "--out", ConfigError, folder=True)
 
     for folder in reconstruct(args.run_dir, args.std, at_step=args.at, out=args.out):
         record = json.loads((folder / "phema.json").read_text())

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from dit_trainer.errors import CheckpointError, ConfigError
-from dit_trainer.phema.paths import FROZEN, list_snapshots, phema_folder, phema_root
+from dit_trainer.phema.paths import FROZEN, list_snapshots, phema_folder, phema_root, snapshot_path
 from dit_trainer.phema.profile import MAX_STD, fit_error, solve_coefficients, std_to_gamma
 from dit_trainer.phema.snapshots import Snapshot, damaged
 
@@ -62,11 +62,38 @@ def reconstruct(run_dir, stds, at_step=None, out=None) -> list:
     for j, std in enumerate(stds):
         name = phema_folder(run, std, target).name
         record = {"std": std, "gamma": std_to_gamma(std), "step": target, "fit_error": fits[j],
-                  "snapshots": [{"file": s.path.name, "std": w, "coefficient": float(c)}
+                  "snapshots": [{"file": s.path.name, "std": w, "coefficient": float(c), **_fingerprint(s.path)}
                                 for (s, w), c in zip(_stored(snapshots), coefficients[:, j])]}
         folders.append(_write_folder(Path(out) / name if out is not None else run / "phema" / name,
                                      weights[j], config, record))
     return folders
+
+
+def _fingerprint(path) -> dict:
+    """What tells a snapshot file from another of the same name (a run restarted, resumed from an earlier step)."""
+    st = Path(path).stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def up_to_date(folder, run_dir) -> bool:
+    """Whether reconstruction `folder` was made from the snapshots `run_dir` holds now up to its step (records of
+    an older dit ema, without fingerprints, are compared by file name)."""
+    try:
+        record = json.loads((Path(folder) / "phema.json").read_text())
+        used = {entry["file"]: entry for entry in record["snapshots"]}
+        step = int(record["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    now = {path.name: path for s, path in list_snapshots(run_dir) if s <= step}
+    if set(used) != set(now):
+        return False
+    return all("mtime_ns" not in entry or _fingerprint(now[name]) == {k: entry.get(k) for k in ("bytes", "mtime_ns")}
+               for name, entry in used.items())
+
+
+def rebuildable(run_dir, step: int) -> bool:
+    """Whether `run_dir` holds the snapshot of `step` that a reconstruction at `step` needs."""
+    return snapshot_path(run_dir, step).is_file()
 
 
 def _listed(steps) -> str:
@@ -144,10 +171,15 @@ def _write_folder(folder: Path, weights: dict, config: Path, record: dict) -> Pa
     from dit_trainer.checkpoint.files import write_manifest
     from dit_trainer.fs import staged_folder
 
-    with staged_folder(folder, replace=True, error=CheckpointError) as tmp:
-        save_file(weights, str(tmp / "ema.safetensors"))
-        shutil.copyfile(config, tmp / "config.yaml")
-        (tmp / "phema.json").write_text(json.dumps(record, indent=1))
-        write_manifest(tmp)
+    from dit_trainer.fs import write_error_text
+
+    try:
+        with staged_folder(folder, replace=True, error=CheckpointError) as tmp:
+            save_file(weights, str(tmp / "ema.safetensors"))
+            shutil.copyfile(config, tmp / "config.yaml")
+            (tmp / "phema.json").write_text(json.dumps(record, indent=1))
+            write_manifest(tmp)
+    except OSError as err:  # beyond a full disk (staged_folder's own): a file where a folder goes, no such parent, ...
+        raise CheckpointError(f"{write_error_text(folder, err)}; write into a folder that can be created") from None
     return folder
 

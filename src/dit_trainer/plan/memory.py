@@ -1,7 +1,7 @@
 """Peak memory of one rank for a layout, from the model family's counts (`ModelCosts`).
 
 What the trainer holds, per rank: float32 weights, gradients, AdamW's two moments (and a step
-count per tensor) and the EMA, each divided like the weights (tensor parallelism splits the
+count per tensor), the EMA and each post-hoc EMA profile (`train.phema_stds`), each divided like the weights (tensor parallelism splits the
 family's `tp_split` part, FSDP shards everything over `dp_shard`); then, during the step, the
 activations the blocks keep for the backward (times the micro-batches a pipeline schedule keeps
 in flight), autocast's bf16 weight copies (without FSDP, whose gathered weights are bf16
@@ -39,6 +39,7 @@ class RankMemory:
     grads: float  # 0 where the peak comes before the backward has allocated them
     optimizer: float
     ema: float
+    phema: float  # the post-hoc EMA profiles: a copy of the weights each, kept like the EMA
     activations: float  # kept for the backward (in-flight micro-batches), recompute, backward transients
     casts: float  # autocast's bf16 copies of the weights, kept from forward to backward
     comm: float  # FSDP's gathered weights and buffers, pipeline outputs, DDP buckets
@@ -115,13 +116,15 @@ def stage_of(costs, layout, pp_rank: int) -> tuple[int, bool, bool]:
     return sum(ranges[i][1] - ranges[i][0] for i in ids), 0 in ids, n - 1 in ids
 
 
-def rank_memory(costs, layout, global_batch: int, numerics: Numerics) -> list:
-    """One `RankMemory` per pipeline rank (data- and tensor-parallel peers hold the same)."""
-    return [_rank(costs, layout, global_batch, numerics, r) for r in range(layout.pp)]
+def rank_memory(costs, layout, global_batch: int, numerics: Numerics, profiles: int = 0) -> list:
+    """One `RankMemory` per pipeline rank (data- and tensor-parallel peers hold the same), with
+    `profiles` post-hoc EMA profiles tracked."""
+    return [_rank(costs, layout, global_batch, numerics, r, profiles) for r in range(layout.pp)]
 
 
-def state_bytes(costs, layout, pp_rank: int = 0) -> dict:
-    """{params, grads, optimizer, ema}: the float32 state one rank of `layout` holds after a step."""
+def state_bytes(costs, layout, pp_rank: int = 0, profiles: int = 0) -> dict:
+    """{params, grads, optimizer, ema, phema}: the float32 state one rank of `layout` holds after a
+    step, with `profiles` post-hoc EMA profiles (each a ShardedEMA: every weight, frozen ones too)."""
     blocks, first, last = stage_of(costs, layout, pp_rank)
     edges = [part for part, held in ((costs.first, first), (costs.last, last)) if held]
     trainable = blocks * costs.block.local(layout.tp) + sum(p.trainable for p in edges)
@@ -130,7 +133,7 @@ def state_bytes(costs, layout, pp_rank: int = 0) -> dict:
     shard = layout.dp_shard
     params = 4 * (trainable + frozen) / shard
     return {"params": params, "grads": 4 * trainable / shard, "optimizer": 8 * trainable / shard + 4 * tensors,
-            "ema": params}
+            "ema": params, "phema": profiles * params}
 
 
 def _uses_fsdp(layout) -> bool:
@@ -143,11 +146,11 @@ def resid_bytes(layout, numerics) -> int:
     return 2 if numerics.act_bytes == 2 and _uses_fsdp(layout) else 4
 
 
-def _rank(costs, layout, global_batch, numerics, pp_rank) -> RankMemory:
+def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0) -> RankMemory:
     a, tp, r = numerics.act_bytes, layout.tp, resid_bytes(layout, numerics)
     blocks, first, last = stage_of(costs, layout, pp_rank)
     edges = [part for part, held in ((costs.first, first), (costs.last, last)) if held]
-    state = state_bytes(costs, layout, pp_rank)
+    state = state_bytes(costs, layout, pp_rank, profiles)
     block_local = costs.block.local(tp)
     trainable = blocks * block_local + sum(p.trainable for p in edges)
     edge_params = sum(p.trainable + p.frozen for p in edges)
@@ -181,8 +184,10 @@ def _rank(costs, layout, global_batch, numerics, pp_rank) -> RankMemory:
     else:
         held = k_with_grads * per_mb
     comm = _comm(costs, layout, numerics, blocks, block_local, edge_params, trainable, tokens, k, last)
-    return RankMemory(pp_rank, state["params"] + costs.replicated_bytes, grads, state["optimizer"], state["ema"],
-                      held + recompute + transient, casts, comm)
+    # An online text encoder: sharded like the model under FSDP (the blocks it gathers to encode are freed before the step).
+    beside = costs.replicated_bytes + costs.sharded_frozen_bytes / layout.dp_shard
+    return RankMemory(pp_rank, state["params"] + beside, grads, state["optimizer"], state["ema"],
+                      state["phema"], held + recompute + transient, casts, comm)
 
 
 def _comm(costs, layout, numerics, blocks, block_local, edge_params, trainable, tokens, k, last) -> float:

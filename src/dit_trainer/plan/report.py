@@ -18,6 +18,15 @@ def routed(cfg) -> str:
     return f", token routing keep {t.routing_keep:g} of blocks [{t.routing_start}, {t.routing_end})"
 
 
+def text_encoder(cfg, costs) -> str:
+    """The header's note of an online text encoder (", text encoder T5 4.76B frozen parameters, ..."), or ""."""
+    if not costs.sharded_frozen_params:
+        return ""
+    dtype = "bf16" if cfg.data.text_dtype == "auto" else cfg.data.text_dtype
+    return (f", text encoder {costs.sharded_frozen_params / 1e9:.3g}B frozen parameters encoding online in {dtype} "
+            "(sharded over dp_shard under FSDP)")
+
+
 def header(request, costs, plans) -> str:
     """Model, batch, machine and what was searched."""
     cfg, hw = request.cfg, request.hardware
@@ -26,7 +35,7 @@ def header(request, costs, plans) -> str:
     nodes = -(-request.gpus // request.gpus_per_node)
     return (f"{costs.name}: {params / 1e9:.3g}B parameters, {costs.depth} blocks, {costs.tokens} tokens per image "
             f"({cfg.model.input_size}x{cfg.model.input_size} latents), global batch {cfg.train.global_batch_size}, "
-            f"{cfg.train.mixed_precision}{routed(cfg)}\n"
+            f"{cfg.train.mixed_precision}{routed(cfg)}{text_encoder(cfg, costs)}\n"
             f"{request.gpus} x {hw.name} ({nodes} node{'s' * (nodes > 1)} of {request.gpus_per_node}), "
             f"{request.usable_bytes / GIB:.1f} GiB usable per rank; profile: {hw.source or hw.name}\n"
             f"{len(plans)} layouts priced, {fitting} fit")
@@ -38,7 +47,7 @@ def table(plans, top: int) -> str:
              "|--:|---|---|---|--:|--:|--:|--:|--:|--:|---|"]
     for i, plan in enumerate(plans[:top], 1):
         lay, peak = plan.layout, plan.peak
-        state = (peak.params + peak.grads + peak.optimizer + peak.ema) / GIB
+        state = (peak.params + peak.grads + peak.optimizer + peak.ema + peak.phema) / GIB
         lines.append(f"| {i} | {lay.parallelism()} | {micro(lay)} | {lay.memory_policy()} | {peak.total / GIB:.2f} | "
                      f"{state:.2f} | {(peak.activations + peak.casts) / GIB:.2f} | {peak.comm / GIB:.2f} | "
                      f"{plan.time.total:.3f} | {plan.images_per_s:.1f} | {'yes' if plan.fits else 'no'} |")

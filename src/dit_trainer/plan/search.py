@@ -98,6 +98,9 @@ def model_costs(cfg):
         from dit_trainer.repa.costs import with_alignment
 
         costs = with_alignment(costs, cfg)
+    from dit_trainer.text_encoders.costs import with_text_encoder
+
+    costs = with_text_encoder(costs, cfg)
     routing = TokenRouting.from_config(cfg.train, costs.depth, costs.tokens)
     return costs.routed(routing.tokens_per_block()) if routing else costs
 
@@ -111,13 +114,15 @@ def plan_layouts(request: Request) -> list:
     batch = cfg.train.global_batch_size
     ac, compiled = _choices(request, costs)
     plans = []
+    # Token routing (train/preflight.py), REPA (repa/config.py) and a family without a stage split do not run pipelined.
+    no_pp = cfg.train.routing_keep < 1 or cfg.repa.enabled or get_spec(cfg.model.name).pipelining_fn is None
     for layout in candidate_layouts(request.gpus, request.gpus_per_node, costs.depth, batch, costs.tp_divides,
                                     ac_choices=ac, compile_choices=compiled):
-        if layout.pp > 1 and (cfg.train.routing_keep < 1 or cfg.repa.enabled):
-            continue  # token routing (train/preflight.py) and REPA (repa/config.py) do not run pipelined
+        if layout.pp > 1 and no_pp:
+            continue
         if layout.compile and "train.activation_memory_budget" in request.pinned and layout.budget != 1.0:
             layout = Layout(**{**layout.__dict__, "budget": cfg.train.activation_memory_budget})
-        plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics),
+        plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics, len(cfg.train.phema_stds)),
                           step_time(costs, layout, machine, numerics, batch), batch, request.usable_bytes))
     if not plans:
         raise ConfigError(f"no layout of {request.gpus} ranks splits train.global_batch_size {batch}; "

@@ -143,6 +143,8 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
         dp_comm = gathers * gather + reduce
         dp_comm += _all_reduce(4 * gathered / shard, rep, machine.link(tp * shard * rep), lat * (blocks + 1))
         first_gather = gather / (blocks + 1)
+        if shard > 1 and costs.sharded_frozen_bytes:  # an online text encoder's weights, gathered once per step
+            dp_comm += _gather(costs.sharded_frozen_bytes, shard, bw, lat)
     elif rep > 1:
         nbytes = 4 * (blocks * block_local + costs.first.trainable + costs.last.trainable)
         buckets = math.ceil(nbytes / DDP_BUCKET_BYTES)

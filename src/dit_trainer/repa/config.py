@@ -4,7 +4,8 @@ import math
 from dataclasses import dataclass, field
 from dit_trainer.errors import ConfigError
 
-# REPA's SiT-XL/2 aligns the output of block 8 of 28; other depths keep that share.
+# The release aligns block 8 whatever the model's depth (its --encoder-depth default); 8 of SiT-XL/2's 28
+# is the share `encoder_depth: 0` keeps for other depths.
 RELEASE_DEPTH, RELEASE_BLOCKS = 8, 28
 
 
@@ -16,8 +17,8 @@ class RepaConfig:
     coefficient: float = 0.5  # weight of the alignment loss added to the denoising loss (REPA's proj_coeff), > 0
     encoder: str = "dinov2_vitb14"  # the frozen encoder, a name dit_trainer.encoders knows (DINOv2 ViT-S/B/L/g /14, with _reg for registers)
     encoder_weights: str = "torch.hub"  # the encoder's weights: torch.hub (the official file torch.hub.load left in its cache, as REPA loads it), a torch-hub .pth file, a transformers folder or a cached Hugging Face id (facebook/dinov2-base); random: random weights (tests)
-    encoder_overrides: dict = field(default_factory=dict)  # architecture keys passed to the encoder's builder (tests use tiny random encoders, e.g. {embed_dim: 32, depth: 2, num_heads: 2})
-    encoder_depth: int = 0  # align the tokens after this many blocks; 0: REPA's 8 of 28 scaled to the model's depth (round(depth * 8 / 28), at least 1)
+    encoder_overrides: dict = field(default_factory=dict)  # architecture keys passed to the encoder's builder over REPA's position-table convention (resampled once to the input's grid, bicubic, antialiased, as the release does for every DINOv2); tests use tiny random encoders, e.g. {embed_dim: 32, depth: 2, num_heads: 2}
+    encoder_depth: int = 8  # align the tokens after this many blocks: 8, the release's --encoder-depth for every model (SiT-B, L and XL alike); 0: 8 of 28 scaled to the model's depth (round(depth * 8 / 28), at least 1), for models shallower than 8 blocks
     projector_dim: int = 2048  # width of the projector MLP (Linear, SiLU, Linear, SiLU, Linear to the encoder's width)
     encoder_size: int = 0  # the encoder's input side in pixels; 0: the size whose patch grid equals the model's token grid (tokens per side x the encoder's patch, 224 for a /2 model on 256 px images)
 
@@ -52,15 +53,22 @@ def resolve_depth(r, blocks: int) -> int:
     depth = r.encoder_depth or max(1, round(blocks * RELEASE_DEPTH / RELEASE_BLOCKS))
     if not 1 <= depth <= blocks:
         raise ConfigError(f"repa.encoder_depth {depth} is past the model's {blocks} blocks; pick 1..{blocks} "
-                          "or 0 (REPA's 8 of 28 scaled)")
+                          "or 0 (REPA's 8 of 28 scaled to the model's depth)")
     return depth
+
+
+def encoder_overrides(r) -> dict:
+    """The builder's keys for the encoder `r` names: REPA's position-table convention, then `r.encoder_overrides`."""
+    from dit_trainer.encoders import REPA_POS_RESAMPLE
+
+    return {**REPA_POS_RESAMPLE, **dict(r.encoder_overrides)}
 
 
 def encoder_shape(r) -> tuple:
     """(embed_dim, patch_size) of the encoder `r` (a RepaConfig) names, without building it."""
     from dit_trainer.encoders import shape_of
 
-    shape = shape_of(r.encoder, **dict(r.encoder_overrides))
+    shape = shape_of(r.encoder, **encoder_overrides(r))
     return int(shape.embed_dim), int(shape.patch_size)
 
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 def with_alignment(costs, cfg):
     """`costs` (a ModelCosts) with REPA's projector in the last stage and its encoder's forward and weights."""
     from dit_trainer.encoders import encoder_flops, encoder_param_count, shape_of
-    from dit_trainer.repa.config import encoder_size
+    from dit_trainer.repa.config import encoder_overrides, encoder_size
 
     r = cfg.repa
-    shape = shape_of(r.encoder, **dict(r.encoder_overrides))
+    shape = shape_of(r.encoder, **encoder_overrides(r))
     d, w, z = costs.hidden, r.projector_dim, shape.embed_dim
     weights, biases = d * w + w * w + w * z, 2 * w + z
     last = replace(costs.last, trainable=costs.last.trainable + weights + biases, tensors=costs.last.tensors + 6,

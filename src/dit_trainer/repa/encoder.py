@@ -9,15 +9,20 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.errors import ConfigError, DataError
-from dit_trainer.repa.config import encoder_size
+from dit_trainer.repa.config import encoder_overrides, encoder_size
 
 RANDOM = "random"  # repa.encoder_weights of a random-weight encoder (tests)
 
 
-def _build(r, weights=None) -> nn.Module:
+def _build(r, size: int) -> nn.Module:
+    """The frozen encoder as the release loads it: weights, then its position table resampled once, on the
+    CPU in float32, to the grid of `size` px (bicubic, antialiased unless `r.encoder_overrides` say otherwise)."""
     from dit_trainer.encoders import build_encoder
 
-    return build_encoder(r.encoder, weights=weights, **dict(r.encoder_overrides))
+    weights = None if r.encoder_weights == RANDOM else r.encoder_weights
+    encoder = build_encoder(r.encoder, weights=weights, **encoder_overrides(r))
+    encoder.resample_pos_embed(size)
+    return encoder
 
 
 class AlignmentTargets:
@@ -26,7 +31,7 @@ class AlignmentTargets:
     def __init__(self, r, grid: int, device, amp_dtype=None):
         self.size = encoder_size(r, grid)
         # build_encoder's encoders are frozen and stay in eval mode whatever train() a caller makes.
-        self.encoder = _build(r, None if r.encoder_weights == RANDOM else r.encoder_weights).to(device)
+        self.encoder = _build(r, self.size).to(device)
         self.device, self.amp_dtype = torch.device(device), amp_dtype
         self.tokens = grid * grid
 

@@ -11,7 +11,8 @@ from dit_trainer.objective import Objective
 from dit_trainer.repa.projector import alignment_loss
 
 TARGET = "repa_target"  # the draws' key of the encoder's (B, N, D) patch tokens
-WINDOW = "repa_loss_window"  # the trainer state's key of the unlogged alignment losses: [sum, micro-batches]
+# The trainer state's key of the unlogged losses: [alignment sum, micro-batches, denoising sum].
+WINDOW = "repa_loss_window"
 
 
 class AlignedObjective(Objective):
@@ -23,7 +24,7 @@ class AlignedObjective(Objective):
         self.base, self.coefficient = base, float(coefficient)
         self.name, self.samplers, self.default_sampler = base.name, base.samplers, base.default_sampler
         self._denoising = None
-        self._sum, self._count = None, 0
+        self._sums, self._count = None, 0  # float64 (alignment, denoising) sums of micro-batch means
 
     def __getattr__(self, name):
         # Only what this class lacks: draws, model_input, sampling, state, ...
@@ -40,25 +41,40 @@ class AlignedObjective(Objective):
         return self.base.model_input(x, draws)
 
     def state_dict(self):
-        """The base objective's state and the alignment loss's window since the last read (its mean over
+        """The base objective's state and the two losses' window since the last read (their means over
         the ranks: a collective, as every rank saves)."""
         window = None
         if self._count:
-            total = self._sum.detach().clone()
+            total = self._sums.detach().clone()
             if torch.distributed.is_available() and torch.distributed.is_initialized():
                 # TP/PP peers hold their replica's value: the world's mean is the data-parallel mean.
                 torch.distributed.all_reduce(total)
                 total /= torch.distributed.get_world_size()
-            window = [float(total), self._count]
+            align, denoising = total.tolist()
+            window = [align, self._count, denoising]
         return {**self.base.state_dict(), WINDOW: window}
 
     def load_state_dict(self, state):
-        """Restore the base objective's state and the alignment loss's window."""
+        """Restore the base objective's state and the losses' window (a window saved without its denoising
+        sum restarts empty: its denoising mean is unknown)."""
         self.base.load_state_dict(state)
         window = state.get(WINDOW)
-        self._sum, self._count = None, 0
-        if window is not None:
-            self._sum, self._count = torch.tensor(window[0], dtype=torch.float64), int(window[1])
+        self._sums, self._count = None, 0
+        if window is not None and len(window) >= 3:
+            self._sums = torch.tensor([window[0], window[2]], dtype=torch.float64)
+            self._count = int(window[1])
+
+    def validation_times(self, k: int):
+        """The base objective's fixed levels."""
+        return self.base.validation_times(k)
+
+    def draws_at(self, t, noise):
+        """The base objective's draws at `t` (REPA adds no randomness)."""
+        return self.base.draws_at(t, noise)
+
+    def validation_loss(self, output, x, draws):
+        """The base objective's loss: a validation calls the network without the projector."""
+        return self.base.validation_loss(output, x, draws)
 
     def check_sampler(self, sampler):
         """The base objective's samplers."""
@@ -82,8 +98,9 @@ class AlignedObjective(Objective):
         denoising = self.base.loss(prediction, x, draws)
         align = alignment_loss(projected, draws[TARGET])
         self._denoising = denoising.detach()
-        mean = align.detach().mean().double()
-        self._sum = mean if self._sum is None else self._sum.to(mean.device) + mean
+        # Each term's own mean, so that the logged denoising loss is measured, not the total's remainder.
+        means = torch.stack([align.detach().mean(), self._denoising.mean()]).double()
+        self._sums = means if self._sums is None else self._sums.to(means.device) + means
         self._count += 1
         return denoising + self.coefficient * align
 
@@ -91,17 +108,14 @@ class AlignedObjective(Objective):
         """A loss-aware t sampler sees the denoising loss only (the alignment term does not depend on t alone)."""
         self.base.observe(draws, self._denoising if self._denoising is not None else losses)
 
-    def read_alignment(self, dims, loss=None) -> dict:
-        """{"repa_loss": the mean alignment loss over ranks and micro-batches since the last read, and with
-        `loss` (the logged total) "denoising_loss": the rest of it}; resets."""
+    def read_alignment(self, dims) -> dict:
+        """{"repa_loss", "denoising_loss"}: each term's mean over ranks and micro-batches since the last
+        read (their total, weighted, is the logged loss, up to float32 rounding and skipped steps); resets."""
         if not self._count:
             return {}
-        mean = dims.all_reduce_mean(self._sum / self._count).item()
-        self._sum, self._count = None, 0
-        out = {"repa_loss": mean}
-        if loss is not None:
-            out["denoising_loss"] = loss - self.coefficient * mean
-        return out
+        align, denoising = dims.all_reduce_mean(self._sums / self._count).tolist()
+        self._sums, self._count = None, 0
+        return {"repa_loss": align, "denoising_loss": denoising}
 
 
 def aligned(objective, cfg):

@@ -14,7 +14,7 @@ from dit_trainer.errors import ConfigError
 
 def add_commands(subparsers) -> None:
     """Register `dit sample-ddp`."""
-    from dit_trainer.sample.cli import add_sampling_arguments
+    from dit_trainer.sample.cli import add_prompt_arguments, add_sampling_arguments
 
     p = subparsers.add_parser(
         "sample-ddp",
@@ -27,6 +27,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--num-samples", type=int, default=50000)
     p.add_argument("--batch-size", type=int, default=32, help="samples per chunk (one forward batch per rank)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="network precision while sampling")
+    add_prompt_arguments(p, grid=False)
     add_sampling_arguments(p, cfg_scale=1.5)
     m = p.add_argument_group("guidance sweep: several settings, each measured (FID, sFID, IS, precision, recall)")
     m.add_argument("--guidance", nargs="+", default=None, metavar="SPEC",
@@ -39,20 +40,44 @@ def add_commands(subparsers) -> None:
     m.add_argument("--inception-weights", default=None, help="Inception weight file (default: fetched once)")
     m.add_argument("--eval-batch-size", type=int, default=None, help="images per feature batch")
     m.add_argument("--pr-dtype", choices=("fp16", "fp32"), default="fp16", help="precision/recall distances")
-    m.add_argument("--json", default=None, metavar="OUT", help="also write the table's rows as JSON here")
+    m.add_argument("--json", default=None, metavar="OUT",
+                   help="the table's rows as JSON, rewritten as each is measured (default: beside --npz, "
+                        "NPZ-sweep.json)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="how long a rank waits for the others (while rank 0 measures a batch or rebuilds a "
+                        "post-hoc EMA) before the launch fails (default: the run's parallel.timeout, else 600)")
     p.set_defaults(func=run)
 
 
-def _dist():
-    """This process's `fid_batch.Ranks`: one process unless torchrun started several."""
-    import torch
+def _timeout(args):
+    """The process group's timeout: --timeout, else the run's parallel.timeout (the trainer's), else its default."""
+    import datetime
+
+    from dit_trainer.config import ParallelConfig
+
+    seconds = args.timeout
+    if seconds is None:
+        from dit_trainer import checkpoint
+        from dit_trainer.errors import DitError
+
+        try:  # every rank reads it before the group exists; a checkpoint that cannot be read fails later, in one line
+            seconds = checkpoint.open(args.ckpt).config().parallel.timeout
+        except (DitError, OSError, AttributeError):  # AttributeError: a weights file, which has no config
+            seconds = ParallelConfig().timeout
+    return datetime.timedelta(seconds=seconds)
+
+
+def _dist(timeout=None):
+    """This process's `fid_batch.Ranks`: one process unless torchrun started several, whose group waits `timeout`
+    (a timedelta) for a missing rank."""
     import torch.distributed as dist
 
+    from dit_trainer.parallel.dims import choose_backend
     from dit_trainer.parallel.process_group import init_process_group
     from dit_trainer.sample.fid_batch import ONE_PROCESS, Ranks
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_process_group(choose_backend(), timeout=timeout)
     if dist.is_initialized():
         def from_rank0(obj):
             box = [obj]
@@ -89,6 +114,19 @@ def _open(found, flag):
     return checkpoint.open(path, flag=flag)
 
 
+def _prepare(args, reader, specs, device, ranks):
+    """(Jobs of `specs`, the first's SamplingRun): every SPEC resolved and located, then the post-hoc EMA folders
+    they need rebuilt (rank 0; the others wait), before any sampling."""
+    from dit_trainer.sample.cli import prepare_sampling
+    from dit_trainer.sample.run_settings import rebuild_missing
+    from dit_trainer.sample.sweep import jobs
+
+    planned = jobs(args, reader, specs)
+    rebuild_missing([job.located for job in planned], ranks)
+    first = planned[0]
+    return planned, prepare_sampling(first.settings, reader, device, first.located, ranks.rank)
+
+
 def run(args) -> int:
     """Sample this rank's missing chunks, then (rank 0) assemble the .npz and a preview PNG."""
     import torch
@@ -96,7 +134,7 @@ def run(args) -> int:
     from dit_trainer import checkpoint
     from dit_trainer.devices import resolve_device
     from dit_trainer.host_memory import keep_freed_memory_on
-    from dit_trainer.sample.cli import check_args, fid_settings, load_vae, prepare_sampling
+    from dit_trainer.sample.cli import check_args, load_vae, prepare_sampling
     from dit_trainer.sample.compile import resolve_sample_compile
     from dit_trainer.sample.fid_batch import rank_chunks, write_fid_batch
 
@@ -104,7 +142,15 @@ def run(args) -> int:
     if args.guidance is not None and args.ref is None:
         raise ConfigError("--guidance samples several settings to compare: add --ref REF (and --network) to measure "
                           "them")
-    ranks = _dist()
+    if args.timeout is not None and not (args.timeout > 0 and args.timeout < float("inf")):
+        raise ConfigError(f"--timeout is {args.timeout}; it must be a positive number of seconds such as 600")
+    if args.json is not None:
+        from dit_trainer.fs import check_output_path
+
+        check_output_path(args.json, "--json", ConfigError)
+    sweep = args.guidance is not None or args.ref is not None
+    specs = (args.guidance or [""]) if sweep else [None]
+    ranks = _dist(_timeout(args))
     device = resolve_device(args.device, "--device")
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -112,27 +158,30 @@ def run(args) -> int:
     keep_freed_memory_on(device)
     # One checkpoint for every rank, even when the run saves a newer one while the ranks start.
     reader = _open(ranks.from_rank0(_resolved(args.ckpt) if ranks.rank == 0 else None), "--ckpt")
-    sampling = prepare_sampling(args, reader, device, ranks.rank)
+    planned, sampling = _prepare(args, reader, specs, device, ranks)
     agreed = ranks.from_rank0(str(reader.path))
     if str(reader.path) != agreed:
         # Rotation removed the checkpoint between two ranks' reads: all take rank 0's (one model per batch).
         reader = checkpoint.open(agreed, flag="--ckpt")
-        sampling = prepare_sampling(args, reader, device, ranks.rank)
+        planned, sampling = _prepare(args, reader, specs, device, ranks)
+    first = planned[0]
 
-    def sample_batch(flags, reader, sampling=None):
-        sampling = sampling or prepare_sampling(flags, reader, device, ranks.rank)
-        load_vae(flags, sampling)
+    def sample_batch(job):
+        run = sampling if job is first else prepare_sampling(job.settings, reader, device, job.located, ranks.rank)
+        load_vae(run)
+        settings = job.settings
         # Decided on this rank's whole share, not what is left of it, so a resumed run decides alike.
-        share = rank_chunks(flags.num_samples, flags.batch_size, ranks.rank, ranks.world)
-        compiled = resolve_sample_compile(flags.compile, sampling.model, len(share), sampling.args.steps, device)
-        return sampling, write_fid_batch(fid_settings(sampling.args), sampling.reader, sampling, compiled, ranks)
+        share = rank_chunks(settings.num_samples, settings.batch_size, ranks.rank, ranks.world)
+        compiled = resolve_sample_compile(settings.compile, run.model, len(share), settings.steps, device)
+        return run, write_fid_batch(settings, run.reader, run, compiled, ranks)
 
-    if args.guidance is None and args.ref is None:
-        sample_batch(args, reader, sampling)
+    if not sweep:
+        sample_batch(first)
         return 0
-    from dit_trainer.sample.sweep import run_sweep, table
+    from dit_trainer.sample.sweep import rows_path, run_sweep, table
 
-    rows = run_sweep(args, reader, device, ranks, sample_batch)
+    rows = run_sweep(args, planned, device, ranks, sample_batch)
     if rows:
         print(table(rows))
+        print(f"rows: {rows_path(args)}")
     return 0

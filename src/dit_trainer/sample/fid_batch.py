@@ -2,7 +2,8 @@
 for `dit sample --npz` (one process) and `dit sample-ddp` (every rank of a torchrun launch).
 
 The N samples are cut into chunks of `--batch-size`; chunk c has its own seed (from `--seed` and c)
-and its own labels (a seeded permutation of the classes repeated, so every class appears N/K times).
+and its own labels (a seeded permutation of the classes repeated, so every class appears N/K times;
+for a text-to-image model the labels index its prompts, `--prompts FILE`'s lines, covered alike).
 Rank r of W samples chunks r, r + W, ...; each finished chunk is a file (in `NPZ.parts/`, removed once
 the .npz is written), so an interrupted run (or one relaunched on another number of ranks, or by the
 other command) samples only what is missing, and the result depends on neither.
@@ -14,7 +15,6 @@ labels depend on the number of samples: that is a refusal too. One writer per .n
 once is refused (an advisory lock in `NPZ.parts/`).
 """
 
-import dataclasses
 import errno
 import json
 import os
@@ -22,36 +22,14 @@ import shutil
 import time
 from collections import namedtuple
 from pathlib import Path
-from typing import Optional
-
 import numpy as np
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.sample.settings import SampleSettings
 
 CHUNK_FMT = "chunk-{:06d}.npz"
 LOCK_NAME = ".writer.lock"
 
-
-@dataclasses.dataclass(frozen=True)
-class FidBatchSettings:
-    """What an FID batch is asked for: the target, the checkpoint as named, and the values the samples depend on."""
-
-    npz: str
-    ckpt: str
-    num_samples: int = 50000
-    batch_size: int = 32
-    seed: int = 0
-    steps: Optional[int] = None
-    cfg_scale: float = 1.5
-    cfg_channels: Optional[int] = None
-    guide_scale: float = 1.0  # autoguidance weight (the guide model comes with the SamplingRun)
-    guidance_interval: Optional[tuple] = None  # (sigma_lo, sigma_hi]: guide only there
-    dtype: str = "fp32"  # network precision: fp32 or bf16
-    weights: str = "ema"
-    vae: Optional[str] = None
-    vae_dtype: str = "fp32"
-    progress: bool = True
-    overwrite: bool = False  # replace an .npz / preview this writer did not write, or wrote with other settings
 
 # (rank, world size, barrier, from_rank0): from_rank0(x) gives every rank rank 0's x.
 Ranks = namedtuple("Ranks", "rank world barrier from_rank0")
@@ -118,7 +96,7 @@ def _save_chunk(path: Path, images: np.ndarray, labels: np.ndarray, nfe: float) 
     os.replace(tmp, path)
 
 
-def _settings(job: FidBatchSettings, reader, run, classes) -> dict:
+def _settings(job: SampleSettings, reader, run, classes) -> dict:
     """What the samples depend on: the checkpoint folder it resolved to, and (beside the sampler) the settings
     that change them; image size and classes as the model got them (the flags matter for weights files only)."""
     settings = {"ckpt": str(reader.path), "ckpt_manifest": reader.manifest_digest(), "weights": job.weights,
@@ -132,10 +110,25 @@ def _settings(job: FidBatchSettings, reader, run, classes) -> dict:
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in run.options.items()}}
     if classes is not None:  # only when chosen, so records of all classes read as before
         settings["classes"] = [int(c) for c in classes]
-    return settings
+    return {**settings, **_prompt_settings(job, run)}
 
 
-def _guidance_settings(job: FidBatchSettings, run) -> dict:
+def _prompt_settings(job: SampleSettings, run) -> dict:
+    """A text model's prompts (their count and digest: a prompt set can be COCO's 30k), negative prompt and
+    text encoder, recorded only for text models (class batches read as before)."""
+    prompts = getattr(run, "prompts", None)
+    if prompts is None:
+        return {}
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode()).hexdigest()[:16]
+    encoder = run.encoder
+    return {"num_prompts": len(prompts), "prompts_sha256": digest, "negative_prompt": job.negative_prompt or "",
+            "text_encoder": _same_path(encoder.name), "text_max_length": encoder.max_length,
+            "text_dtype": str(encoder.dtype).replace("torch.", "")}
+
+
+def _guidance_settings(job: SampleSettings, run) -> dict:
     """Autoguidance and the guidance interval, recorded only where used (older records read as before)."""
     out = {}
     guide_reader = getattr(run, "guide_reader", None)
@@ -204,7 +197,7 @@ def _unlock(fd) -> None:
         os.close(fd)  # closing drops the flock
 
 
-def _open_parts(parts: Path, out: Path, settings: dict, job: FidBatchSettings, ranks):
+def _open_parts(parts: Path, out: Path, settings: dict, job: SampleSettings, ranks):
     """Rank 0 checks the target and the record of an unfinished run, takes the writer's lock and writes this
     run's record; every rank gets the same outcome: "done", a refusal (raised), or the lock (rank 0) to go on."""
     state, line, fd = None, None, None
@@ -247,7 +240,7 @@ def _check_record(parts: Path, settings: dict, ckpt_arg):
     return None, None
 
 
-def write_fid_batch(job: FidBatchSettings, reader, run, compiled=False, ranks=ONE_PROCESS, classes=None) -> Path:
+def write_fid_batch(job: SampleSettings, reader, run, compiled=False, ranks=ONE_PROCESS, classes=None) -> Path:
     """Sample this rank's missing chunks of `job.npz`, then (rank 0) assemble the .npz and a preview PNG.
 
     `reader` is the `checkpoint.open` reader of the model; `run` holds model, cfg, objective, sampler,
@@ -269,40 +262,39 @@ def write_fid_batch(job: FidBatchSettings, reader, run, compiled=False, ranks=ON
     return out
 
 
-def _sample_chunks(job: FidBatchSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
+def _sample_chunks(job: SampleSettings, run, parts: Path, settings: dict, compiled, ranks, classes) -> None:
     """Sample and save this rank's chunks that are not on disk yet."""
     import torch
-    from tqdm.auto import tqdm
+    from dit_trainer.progress import progress_bar
 
     from dit_trainer.sample.decode import to_images
     from dit_trainer.sample.images import adm_images
-    from dit_trainer.sample.sampling import sample_latents
 
-    labels = chunk_labels(job.num_samples, run.model.num_classes if classes is None else classes, job.seed)
+    # A text model's labels index its prompts: each prompt covered as evenly as a class.
+    prompts = getattr(run, "prompts", None)
+    count = len(prompts) if prompts is not None else run.model.num_classes
+    labels = chunk_labels(job.num_samples, count if classes is None else classes, job.seed)
     todo = [c for c in rank_chunks(job.num_samples, job.batch_size, ranks.rank, ranks.world)
             if not (parts / CHUNK_FMT.format(c)).is_file()]
     device = run.device
     amp = (torch.autocast(device.type, dtype=torch.bfloat16) if settings["dtype"] == "bf16"
            else torch.autocast(device.type, enabled=False))
     desc = "sample" if ranks.world == 1 else f"sample rank {ranks.rank}"
-    bar = tqdm(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
+    bar = progress_bar(todo, desc=desc, disable=not job.progress or ranks.rank != 0, dynamic_ncols=True)
     done, t0 = 0, time.perf_counter()
     for c in bar:
         y = labels[c * job.batch_size:(c + 1) * job.batch_size]
         counter = {}
         with amp:
-            latents = sample_latents(run.model, run.objective, y, cfg_scale=job.cfg_scale, sampler=run.sampler,
-                                     steps=job.steps, seed=chunk_seed(job.seed, c), device=device,
-                                     cfg_channels=job.cfg_channels, compile=compiled, guide=run.guide,
-                                     guide_scale=job.guide_scale, guidance_interval=job.guidance_interval,
-                                     counter=counter, **run.options)
+            rows = y if prompts is None else [prompts[i] for i in y]
+            latents = run.sample(rows, chunk_seed(job.seed, c), compiled, counter=counter)
         images = adm_images(to_images(latents.float(), *run.decoder))
         _save_chunk(parts / CHUNK_FMT.format(c), images, y, counter.get("nfe", 0))
         done += len(y)
         bar.set_postfix(img_per_s=f"{done * ranks.world / (time.perf_counter() - t0):.2f}")
 
 
-def _assemble(job: FidBatchSettings, parts: Path, out: Path, settings: dict) -> None:
+def _assemble(job: SampleSettings, parts: Path, out: Path, settings: dict) -> None:
     """Join the chunks into the .npz and its preview, then drop the chunks."""
     from dit_trainer.sample.images import from_adm_images, save_grid, save_npz
 

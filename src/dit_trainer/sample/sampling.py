@@ -1,8 +1,10 @@
-"""Class-conditional sampling from any objective, with classifier-free guidance.
+"""Conditional sampling from any objective, with classifier-free guidance.
 
 Sampling follows facebookresearch/DiT's sample.py: EMA weights, classifier-free guidance on a
-doubled batch (labels then null labels) through `model.forward_with_cfg`; the loop itself is the
-objective's (DDPM/DDIM for diffusion, ODE/SDE for transport). The training-time grid is drawn
+doubled batch (labels then null labels; captions then the null caption or a negative prompt) through
+`model.forward_with_cfg`; the loop itself is the objective's (DDPM/DDIM for diffusion, ODE/SDE for
+transport). `sample_conditioned` takes any condition's rows; `sample_latents` class labels, and
+`sample.prompts.sample_prompts` prompts. The training-time grid is drawn
 from here too, with what the trainer passes (EMA model, objective, classes), never the trainer.
 """
 
@@ -46,10 +48,12 @@ def as_objective(objective_or_cfg, model):
 
 
 def guided_model_fn(model, y, guidance, objective=None, counter=None):
-    """(model_fn, model_kwargs, doubled): the model guided as `guidance` (a `sample.guidance.Guidance`) says.
+    """(model_fn, model_kwargs, doubled): the model guided as `guidance` (a `sample.guidance.Guidance`) says,
+    for class labels `y`.
 
     With classifier-free guidance the batch holds the labels then as many null labels; `doubled` says so.
     A guidance interval needs `objective` (its noise levels); `counter` (a dict) counts network evaluations."""
+    from dit_trainer.condition.label import ClassCondition
     from dit_trainer.sample.guidance import guided_model_fn as guided
 
     y = torch.as_tensor(y)
@@ -59,14 +63,22 @@ def guided_model_fn(model, y, guidance, objective=None, counter=None):
     fn = guided(model, guidance, objective, counter)
     if not guidance.doubled:
         return fn, {"y": y}, False
-    return fn, {"y": torch.cat([y, torch.full_like(y, model.num_classes)])}, True
+    condition = ClassCondition(model.num_classes)
+    return fn, condition.guidance_kwargs({"y": y}, condition.unconditional(len(y), y.device)), True
+
+
+def _refuse_labels_for_text(model) -> None:
+    keys = tuple(getattr(model, "condition_keys", ("y",)))
+    if keys != ("y",):  # a caption-conditioned family: its rows come from prompts, not class labels
+        raise ConfigError(f"this model is text-conditioned (it takes {', '.join(keys)}), not class-conditional; "
+                          "sample it from prompts (--prompt or --prompts, sample_prompts) instead of class labels")
 
 
 @torch.no_grad()
 def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None, steps=50, seed=0,
                    device="cpu", cfg_channels=None, progress=False, compile=False, guide=None, guide_scale=1.0,
                    guidance_interval=None, counter=None, **options):
-    """Samples in the model's space (latents, or pixels) for `labels`: float N×C×H×W.
+    """Samples in the model's space (latents, or pixels) for class `labels`: float N×C×H×W.
 
     `objective_or_cfg` is an `Objective` or a config to build one from; `sampler` defaults to the
     objective's (DDIM for diffusion). Guidance (`sample.guidance`): `cfg_scale` classifier-free,
@@ -74,10 +86,40 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
     `guidance_interval=(sigma_lo, sigma_hi)` the noise levels to guide in; `counter` (a dict) gets the
     network evaluations per sample ("nfe"). `options` go to the objective's sampler (`clip_denoised`
     for diffusion, solver settings for transport). `compile` compiles the model's forward in place
-    first (once per model; see `dit_trainer.sample.compile`).
+    first (once per model; see `dit_trainer.sample.compile`). A text-conditioned model samples from
+    prompts instead (`sample.prompts.sample_prompts`).
     """
+    from dit_trainer.condition.label import ClassCondition
+
+    _refuse_labels_for_text(model)
+    y = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
+    if len(y) == 0:
+        raise ConfigError("no class labels to sample; pass --class-labels or --class-names")
+    if int(y.min()) < 0 or int(y.max()) >= model.num_classes:
+        raise ConfigError(f"class labels must lie in 0..{model.num_classes - 1}, got {y.tolist()}")
+    condition = ClassCondition(model.num_classes)
+    device = torch.device(device)
+    return sample_conditioned(model, objective_or_cfg, condition, {"y": y.to(device)}, cfg_scale=cfg_scale,
+                              sampler=sampler, steps=steps, seed=seed, device=device, cfg_channels=cfg_channels,
+                              progress=progress, compile=compile, guide=guide, guide_scale=guide_scale,
+                              guidance_interval=guidance_interval, counter=counter, **options)
+
+
+@torch.no_grad()
+def sample_conditioned(model, objective_or_cfg, condition, cond, uncond=None, cfg_scale=4.0, sampler=None, steps=50,
+                       seed=0, device="cpu", cfg_channels=None, progress=False, compile=False, guide=None,
+                       guide_scale=1.0, guidance_interval=None, counter=None, **options):
+    """Samples for the rows of `cond`, the model's condition keywords on `device` (each (n, ...): class labels
+    `y`, or a caption's `text_embeds`, `text_mask`, ...), as `condition` (a `dit_trainer.condition.Condition`)
+    makes them: float n×C×H×W in the model's space.
+
+    Classifier-free guidance mixes in the unconditional rows `uncond` (default: `condition.unconditional(n)`,
+    the null label or the null caption; a negative prompt's rows in its place), batched as
+    `condition.guidance_kwargs` doubles them; autoguidance's `guide` gets the conditional rows. The
+    starting noise is the CPU generator of `seed`'s first draw, whatever the condition; the other
+    arguments are `sample_latents`'."""
     from dit_trainer.config.checks import guidance_interval as checked_interval
-    from dit_trainer.sample.guidance import Guidance
+    from dit_trainer.sample.guidance import Guidance, guided_model_fn as guided
 
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
@@ -87,19 +129,19 @@ def sample_latents(model, objective_or_cfg, labels, cfg_scale=4.0, sampler=None,
         compile_model(model)
         if isinstance(guide, torch.nn.Module):
             compile_model(guide)
-    y = torch.as_tensor(labels, dtype=torch.long).reshape(-1)
-    if len(y) == 0:
-        raise ConfigError("no class labels to sample; pass --class-labels or --class-names")
-    if int(y.min()) < 0 or int(y.max()) >= model.num_classes:
-        raise ConfigError(f"class labels must lie in 0..{model.num_classes - 1}, got {y.tolist()}")
-    n, channels, size = len(y), model.in_channels, model.input_size
+    n, channels, size = len(next(iter(cond.values()))), model.in_channels, model.input_size
     generator = torch.Generator().manual_seed(int(seed))  # CPU: the same images on every device
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
     guidance = Guidance(float(cfg_scale), guide, float(guide_scale),
                         checked_interval(guidance_interval, "guidance_interval"), cfg_channels)
-    fn, kwargs, doubled = guided_model_fn(model, y.to(device), guidance, objective, counter)
-    if doubled:
+    if guidance.doubled and not has_null_class(model):
+        raise ConfigError("this model was trained without label dropout, so it has no null class; use --cfg-scale 1 "
+                          "(autoguidance, --guide, needs none)")
+    fn = guided(model, guidance, objective, counter)
+    kwargs = cond
+    if guidance.doubled:
+        kwargs = condition.guidance_kwargs(cond, condition.unconditional(n, device) if uncond is None else uncond)
         z = torch.cat([z, z])
     was_training = model.training
     model.eval()  # in train mode the label embedder would drop labels at random

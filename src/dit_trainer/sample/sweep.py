@@ -5,17 +5,20 @@ A SPEC is comma-separated `key=value` pairs over the sampling flags: `cfg` (clas
 `guide` (autoguidance's guide checkpoint: a step of the run or a path), `w` (autoguidance weight),
 `interval` (`LO:HI` noise levels sigma, `inf` allowed), `ema` (a post-hoc EMA sigma_rel, or `none`),
 `steps`. What a SPEC leaves out comes from the command's flags, then the run's `sample:` section.
-Each batch is the one FID-batch writer's (every rank samples; resumable; a finished batch of the same
-settings is reused), written beside `--npz` with the SPEC in its name.
+Every SPEC is resolved (its settings, guide, post-hoc EMA, interval) before the first sample, so a bad
+one is refused before any is sampled. Each batch is the one FID-batch writer's (every rank samples;
+resumable; a finished batch of the same settings is reused), written beside `--npz` with the SPEC in
+its name; each row is written to the table file (`--json`, else beside `--npz`) as soon as it is
+measured, so a later failure loses none.
 """
 
-import copy
+import dataclasses
 import json
 import math
 import re
 from pathlib import Path
 
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, DitError
 
 # SPEC key -> (flag dest, parser)
 _KEYS = {
@@ -53,51 +56,78 @@ def batch_path(npz, text: str) -> Path:
     return npz.with_name(f"{npz.stem}-{name}{npz.suffix}")
 
 
-def describe(args) -> str:
-    """The guidance a resolved set of flags samples with, in a SPEC's words."""
-    parts = [f"cfg={args.cfg_scale:g}"]
-    if args.guide is not None:
-        parts += [f"guide={args.guide}", f"w={args.guide_scale:g}"]
-    lo, hi = args.guidance_interval or (0, math.inf)
+def describe(settings) -> str:
+    """The guidance a SampleSettings samples with, in a SPEC's words."""
+    parts = [f"cfg={settings.cfg_scale:g}"]
+    if settings.guide is not None:
+        parts += [f"guide={settings.guide}", f"w={settings.guide_scale:g}"]
+    lo, hi = settings.guidance_interval or (0, math.inf)
     if lo > 0 or not math.isinf(hi):  # (0, inf] holds every noise level: no interval
         parts.append(f"interval={lo:g}:{'inf' if math.isinf(hi) else f'{hi:g}'}")
-    if args.ema_std is not None:
-        parts.append(f"ema={args.ema_std:g}")
+    if settings.ema_std is not None:
+        parts.append(f"ema={settings.ema_std:g}")
     return ",".join(parts)
 
 
-def run_sweep(args, reader, device, ranks, sample_batch) -> list:
-    """Sample every SPEC of `args.guidance` (none: the run's recommended sampling) with `sample_batch(flags,
-    reader)` on every rank, then measure each on rank 0; one row per SPEC there (an empty list elsewhere)."""
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One batch to sample: the SPEC as typed ("" for the flags and the run alone), its settings, where its
+    checkpoints are (`run_settings.Located`)."""
+
+    spec: str
+    settings: object
+    located: object
+
+
+def jobs(args, reader, specs) -> list:
+    """A Job per SPEC of `specs` ("": the flags and the run alone, beside `--npz`; None: the same into `--npz`
+    itself), every one resolved and located before any is sampled; a one-line error naming the SPEC otherwise."""
+    from dit_trainer.sample.run_settings import locate
+    from dit_trainer.sample.settings import check_flags, given_of, resolve
+
+    base = given_of(args)
+    recommended = getattr(reader.config(), "sample", None)
+    out = []
+    for text in specs:
+        given = dict(base) if text is None else {**base, **parse_spec(text), "npz": str(batch_path(args.npz, text))}
+        try:
+            check_flags(given)
+            settings = resolve(given, recommended, args.release_cfg_scale)
+            out.append(Job(text or "", settings, locate(settings, reader)))
+        except DitError as err:
+            if not text:
+                raise
+            raise type(err)(f"--guidance {text!r}: {err}") from None
+    return out
+
+
+def rows_path(args) -> Path:
+    """The table file: `--json`, else beside `--npz` (`s.npz`: `s-sweep.json`)."""
+    npz = Path(args.npz)
+    return Path(args.json) if args.json else npz.with_name(f"{npz.stem}-sweep.json")
+
+
+def run_sweep(args, jobs, device, ranks, sample_batch) -> list:
+    """Sample every Job with `sample_batch(job)` -> (SamplingRun, npz) on every rank, then measure each on rank 0
+    and rewrite the table file with the rows so far; one row per Job there (an empty list elsewhere)."""
     import numpy as np
 
-    from dit_trainer.sample.cli import check_args
+    from dit_trainer.fs import staged_file
 
-    specs = args.guidance or [""]
-    runs = []
-    for text in specs:  # every SPEC checked before minutes of sampling
-        flags = copy.copy(args)
-        for dest, value in parse_spec(text).items():
-            setattr(flags, dest, value)
-        flags.npz = str(batch_path(args.npz, text))
-        check_args(flags)
-        runs.append((text, flags))
     measure = _measurer(args, device) if ranks.rank == 0 else None
-    rows = []
-    for text, flags in runs:
-        sampling, npz = sample_batch(flags, reader)
+    rows, table_file = [], rows_path(args)
+    for job in jobs:
+        sampling, npz = sample_batch(job)
         if measure is None:
             continue
         result = measure(npz)
         with np.load(npz) as f:
             nfe = float(f["nfe"]) if "nfe" in f.files else None
-        rows.append({"spec": text or "recommended", "guidance": describe(sampling.args), "nfe": nfe,
+        rows.append({"spec": job.spec or "recommended", "guidance": describe(job.settings), "nfe": nfe,
                      "ckpt": str(sampling.reader.path), "samples": str(npz), "num_samples": result["num_samples"],
                      **{k: result[k] for k in METRICS}})
-    if rows and args.json:
-        from dit_trainer.fs import staged_file
-
-        with staged_file(args.json) as tmp:
+        # Whole after every row, under a temporary name: a later SPEC that fails loses no measured row.
+        with staged_file(table_file, ConfigError) as tmp:
             tmp.write_text(json.dumps(rows, indent=2) + "\n")
     return rows
 

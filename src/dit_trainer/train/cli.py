@@ -54,7 +54,7 @@ def add_commands(sub) -> None:
         groups[section].add_argument(
             f"--{doc.key}", *ALIASES.get(doc.key, ()), dest=doc.key.replace(".", "__"), action=_Override,
             metavar=doc.type.split()[0].upper(), default=argparse.SUPPRESS,
-            help=f"{doc.help} [{doc.type}, default: {show(doc.default)}]",
+            help=f"{doc.help} [{doc.type}, default: {show(doc.default)}]".replace("%", "%%"),  # argparse formats help
         )
     p.set_defaults(func=run, accepts_overrides=True, config_pairs=[])
     _lazy_family_help(p)

@@ -6,7 +6,8 @@ the data is the demo's digits, else the FID Inception over `eval.ref_images` ran
 images (latents decoded by their VAE, or the images of an image folder), or the file `eval.ref`
 names. A measurement draws `eval.num_samples` samples with balanced labels from the EMA weights
 with the run's objective, as the sample grid does; chunk c always has the same labels and seed, so
-successive FIDs differ by the model only. Chunks are split over the ranks when every rank can
+successive FIDs differ by the model only. A text-conditioned model samples its held-out captions
+instead, against those captions' own images (`eval_prompts`). Chunks are split over the ranks when every rank can
 hold the EMA model (not under pipeline parallelism, where rank 0 draws them all); the features
 are gathered on rank 0, which logs FID, sFID and Inception Score.
 
@@ -25,6 +26,7 @@ import torch
 
 from dit_trainer.errors import DitError
 from dit_trainer.parallel.utils import from_main
+from dit_trainer.train.eval_prompts import PromptSet
 
 
 def _holds_images(path) -> bool:
@@ -43,11 +45,14 @@ def _holds_images(path) -> bool:
 class TrainingFID:
     """`due(step)`, then `measure(model, objective, step)` on every rank: FID, sFID and IS on rank 0."""
 
-    def __init__(self, cfg, device, dims, amp_dtype=None, progress=False):
-        """Resolves the network (fetching the Inception weights on every rank) and fits or reads the reference."""
+    def __init__(self, cfg, device, dims, amp_dtype=None, progress=False, condition=None, prompts=None):
+        """Resolves the network (fetching the Inception weights on every rank) and fits or reads the reference.
+        `prompts` (a `validation.HeldOut`): sample its rows through `condition` instead of class labels, and
+        take the reference from its images (see `eval_prompts`)."""
         self.cfg, self.device, self.dims, self.amp_dtype, self.progress = cfg, device, dims, amp_dtype, progress
         ev = cfg.eval
         self.every = ev.every
+        self.prompts = PromptSet.for_run(cfg, condition, prompts, device)
         auto = "digits" if cfg.data.path == "digits" else "inception"
         self.network_name = auto if ev.network == "auto" else ev.network
         # Every rank resolves the weights itself: offline, all of them stop here with the same line.
@@ -71,6 +76,12 @@ class TrainingFID:
         if failed:
             raise DitError(f"eval.every {self.every}: cannot fit the reference statistics ({failed})")
 
+    @classmethod
+    def for_run(cls, trainer) -> "TrainingFID":
+        """The trainer's: its device, layout and autocast, and a text-conditioned model's held-out captions."""
+        return cls(trainer.cfg, trainer.device, trainer.dims, trainer.amp_dtype, trainer.cfg.logging.progress,
+                   trainer.condition, trainer.validation.prompt_set)
+
     def due(self, step: int) -> bool:
         """Whether `step` is a measuring step."""
         return bool(self.every) and step % self.every == 0
@@ -87,6 +98,8 @@ class TrainingFID:
         cfg, ev = self.cfg, self.cfg.eval
         if ev.ref:
             return {"ref": os.path.abspath(ev.ref), "network": self.network_name}
+        if self.prompts is not None:
+            return {**self.prompts.source(), "network": self.network_name}
         if cfg.data.path == "digits":
             return {"data": "digits", "network": self.network_name}
         from dit_trainer.sample.decode import vae_source
@@ -114,6 +127,8 @@ class TrainingFID:
         net, device, prog = self._net(), self.device, self.progress
         if ev.ref:
             stats = reference(ev.ref, net, device=device, progress=prog)
+        elif self.prompts is not None:
+            stats = self.prompts.reference(net, self.network_name)
         elif cfg.data.path == "digits":
             stats = reference(DIGITS_REF, net, device=device, progress=prog)
         elif _holds_images(cfg.data.path):
@@ -127,35 +142,52 @@ class TrainingFID:
         folder.mkdir(parents=True, exist_ok=True)
         stats.save(cached)
         record.write_text(json.dumps(source, indent=1) + "\n")
-        print(f"eval: reference statistics ({self.network_name}) of {source.get('ref') or source['data']} fitted in "
+        print(f"eval: reference statistics ({self.network_name}) of {source.get('ref') or source.get('data')} fitted in "
               f"{time.perf_counter() - t0:.0f} s, cached in {cached}", flush=True)
         return stats
 
-    def guide(self, model):
+    def guide(self, model, step: int):
         """The autoguidance guide of `eval.guide` (loaded once, checked against `model`), None without one, or
-        "missing" while a step of this run that it names is not saved yet."""
+        "missing" while the step of this run it names is not saved yet (at `step`, before that step's save);
+        a one-line error when that step is past and its checkpoint is gone."""
         ev = self.cfg.eval
         if ev.guide is None:
             return None
         if self._guide is None:
-            from pathlib import Path
-
-            from dit_trainer.sample.run_settings import guide_path, load_guide
+            from dit_trainer.config.guide_spec import eval_guide_step
+            from dit_trainer.errors import CheckpointError
+            from dit_trainer.sample.run_settings import load_guide
 
             run = Path(self.cfg.output_dir)
-            if not guide_path(ev.guide, run, from_config=True).exists() and str(ev.guide).isdigit():
-                return "missing"
-            self._guide = load_guide(ev.guide, run, self.cfg, model, self.device, from_config=True, key="eval.guide")[0]
+            at = eval_guide_step(self.cfg)
+            if at is not None:  # a checkpoint of this run: step `at`, saved after the measurement of that step
+                path = run / "checkpoints" / f"step-{at:08d}"
+                if not path.exists():
+                    if step <= at:
+                        return "missing"
+                    raise CheckpointError(f"eval.guide {ev.guide}: {path} does not exist although step {at} is past (removed "
+                                          f"by hand, or resumed from a run that did not keep it); keep it with "
+                                          f"checkpoint.keep_steps, or name another guide")
+            else:  # a folder, relative to output_dir
+                path = run / Path(ev.guide).expanduser()
+                if not path.exists():
+                    raise CheckpointError(f"eval.guide {ev.guide}: {path} does not exist; pass an existing checkpoint "
+                                          f"or run folder (relative to output_dir), or a step of this run")
+            self._guide = load_guide(path, self.cfg, model, self.device, f"eval.guide {ev.guide}")[0]
         return self._guide
 
     def _features(self, model, objective, guide=None):
-        """Features of this rank's chunks of the measurement's samples (None for a rank with none)."""
+        """(Features, CLIP scores or None) of this rank's chunks of the measurement's samples ((None, None) for a
+        rank with none)."""
         from dit_trainer.evaluate.features import Features, iter_features
         from dit_trainer.sample import load_decoder, sample_latents, to_images, to_uint8
         from dit_trainer.sample.fid_batch import chunk_labels, chunk_seed, rank_chunks
 
         ev, cfg = self.cfg.eval, self.cfg
         rank, world = (self.dims.rank, self.dims.world_size) if self.every_rank_samples else (0, 1)
+        if self.prompts is not None:
+            return self.prompts.features(self._net(), model, objective, rank_chunks(ev.num_samples, ev.sample_batch_size,
+                                                                                    rank, world), self.amp_dtype)
         labels = chunk_labels(ev.num_samples, model.num_classes, cfg.train.seed)
         decoder = load_decoder(cfg, device=self.device)
         amp = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
@@ -173,8 +205,8 @@ class TrainingFID:
 
         parts = list(iter_features(self._net(), images(), ev.sample_batch_size, device=self.device, progress=False))
         if not parts:
-            return None
-        return Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("pool", "spatial", "logits")))
+            return None, None
+        return Features(*(np.concatenate([getattr(f, k) for f in parts]) for k in ("pool", "spatial", "logits"))), None
 
     def measure(self, model, objective, step: int):
         """FID, sFID and IS of `model`'s samples on rank 0 (None elsewhere); every rank calls it."""
@@ -186,7 +218,7 @@ class TrainingFID:
         from dit_trainer.evaluate.stats import gaussian_stats
 
         t0 = time.perf_counter()
-        guide = self.guide(model) if model is not None else None
+        guide = self.guide(model, step) if model is not None else None
         missing = from_main(guide == "missing" if self.dims.is_main else None)
         if missing:
             if self.dims.is_main:
@@ -197,20 +229,24 @@ class TrainingFID:
         if dist.is_initialized():
             gathered = [None] * dist.get_world_size() if self.dims.is_main else None
             dist.gather_object(mine, gathered, dst=0)
-            parts = [p for p in (gathered or []) if p is not None]
         else:
-            parts = [mine]
+            gathered = [mine]
+        parts = [p for p in (gathered or []) if p is not None and p[0] is not None]
         if not self.dims.is_main:
             return None
-        feats = Features(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("pool", "spatial", "logits")))
+        feats = Features(*(np.concatenate([getattr(p[0], k) for p in parts]) for k in ("pool", "spatial", "logits")))
+        clip = [p[1] for p in parts if p[1] is not None]
         ref = self.reference
         values = {
             "fid": frechet_distance(*gaussian_stats(feats.pool), ref.mu, ref.sigma),
             "sfid": frechet_distance(*gaussian_stats(feats.spatial), ref.mu_s, ref.sigma_s),
             "inception_score": inception_score(feats.logits)[0],
+            **({"clip_score": float(np.concatenate(clip).mean())} if clip else {}),
             "eval_seconds": time.perf_counter() - t0,
         }
-        print(f"step {step:7d}  FID {values['fid']:.2f} ({self.network_name}, {len(feats)} samples against the "
-              f"training set)  sFID {values['sfid']:.2f}  IS {values['inception_score']:.2f}  "
+        against = "the held-out captions' images" if self.prompts is not None else "the training set"
+        clip_note = f"  CLIP score {values['clip_score']:.2f}" if clip else ""
+        print(f"step {step:7d}  FID {values['fid']:.2f} ({self.network_name}, {len(feats)} samples against "
+              f"{against}){clip_note}  sFID {values['sfid']:.2f}  IS {values['inception_score']:.2f}  "
               f"{values['eval_seconds']:.0f} s", flush=True)
         return values

@@ -2,7 +2,8 @@
 
 A train step is `loss = objective.losses(model_fn, x, draws).mean()` (by default `x_t, t =
 objective.model_input(x, draws)`, `objective.loss(model_fn(x_t, t), x, draws)`; `model_fn` a `StepModel`
-holding the step's labels, dropout mask, routing and autocast), backward; split into micro-batches with
+calling `model(x_t, t, **cond)` with the condition's keyword arguments, dropout applied (`y` and
+`force_drop_ids` for class labels), under the run's autocast), backward; split into micro-batches with
 `train.grad_accum_steps`, or run by the pipeline schedule, which carries `x` and the draws to the
 last stage as its target (the last stage computes the single-process loss per micro-batch).
 """
@@ -43,16 +44,18 @@ class ForwardBackward:
             stack.enter_context(functorch_config.patch(activation_memory_budget=self.memory_budget))
         return stack
 
-    def loss_and_grads(self, x, y, draws, drop, route=None) -> torch.Tensor:
-        """The step's mean loss (on the device), gradients accumulated into the parameters; `route`:
-        the token routing of this rank's images (models.routing.TokenRoute) or None."""
+    def loss_and_grads(self, x, cond, draws, route=None, held=None) -> torch.Tensor:
+        """The step's mean loss (on the device), gradients accumulated into the parameters; `cond`: the
+        model's keyword arguments (`Condition.drop` applied), each (B, ...); `route`: the token routing
+        of this rank's images (models.routing.TokenRoute) or None; `held`: the condition before dropout
+        (a step_model.HeldCondition), for an objective that calls the network with other masks."""
         for part in self.model_parts:
             part.train()
         if self.pipeline:
-            return self._pipelined(x, y, draws, drop)  # preflight refuses routing under PP
-        return self._accumulated(x, y, draws, drop, route)
+            return self._pipelined(x, cond, draws)  # preflight refuses routing under PP
+        return self._accumulated(x, cond, draws, route, held)
 
-    def _accumulated(self, x, y, draws, drop, route=None):
+    def _accumulated(self, x, cond, draws, route=None, held=None):
         (model,) = self.model_parts
         local = x.shape[0]
         accum = self.grad_accum_steps
@@ -69,7 +72,8 @@ class ForwardBackward:
                 if getattr(self.objective, "wants_features", False):
                     routed["repa"] = True  # (output, projected tokens) for REPA's term
                 # The objective calls the network (once, or for MeanFlow's JVP more often) through this.
-                model_fn = StepModel(model, y[sl], drop[sl], self.forward_context, routed)
+                model_fn = StepModel(model, {k: v[sl] for k, v in cond.items()}, self.forward_context, routed,
+                                     None if held is None else held.part(sl))
                 losses = self.objective.losses(model_fn, x[sl], part)
                 self.objective.observe(part, losses.detach())
                 loss = losses.mean() / accum
@@ -77,14 +81,15 @@ class ForwardBackward:
             loss_sum += loss.detach()
         return loss_sum
 
-    def _pipelined(self, x, y, draws, drop):
-        """Forward-backward through the pipeline; the clean input and draws travel as the target."""
+    def _pipelined(self, x, cond, draws):
+        """Forward-backward through the pipeline; the clean input and draws travel as the target, the
+        condition's values (in order) are the first stage's inputs after x_t and t."""
         x_t, t = self.objective.model_input(x, draws)
         carried = {"x": x, **draws}
         self._packing = TargetPacking(carried)
         schedule, first, last = self.pipeline
         with self.forward_context():
-            return pipeline_step(schedule, first, last, self.dims, (x_t, t, y, drop), self._packing.pack(carried))
+            return pipeline_step(schedule, first, last, self.dims, (x_t, t, *cond.values()), self._packing.pack(carried))
 
     def pipeline_loss(self, output, target):
         """The schedule's loss, on the last stage per micro-batch: the single-process loss of its output."""

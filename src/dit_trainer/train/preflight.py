@@ -74,6 +74,12 @@ def check_layout(cfg, dims) -> None:
     if local % cfg.train.grad_accum_steps:  # checked before the run folder is touched
         raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {cfg.train.grad_accum_steps}")
     if dims.pp_enabled:
+        from dit_trainer.models import get_spec
+
+        spec = get_spec(cfg.model.name)
+        if spec.pipelining_fn is None:  # before any model is built or process group touched
+            raise ConfigError(f"model {spec.name} cannot be pipelined (its family has no stage split); set parallel.pp 1 "
+                              "and shard it with parallel.dp_shard or parallel.tp instead")
         if cfg.train.routing_keep < 1:
             raise ConfigError("train.routing_keep < 1 (token routing) does not run with parallel.pp > 1: its span of "
                               "blocks would cross the stages; set parallel.pp 1 or train.routing_keep 1")

@@ -31,6 +31,11 @@ def _recorded(reader, given_name, user_options: dict, source) -> dict:
     """The model keys a checkpoint's config.yaml records, checked against the user's name and options."""
     model = reader.config().model
     if given_name and get_spec(given_name).name != get_spec(model.name).name:
+        mine = get_spec(given_name)
+        if mine.adopt_weights_fn is not None and mine.family != get_spec(model.name).family:
+            # Another family's run: its weights file is read off the tensors, which the family can start from.
+            raise ConfigError(f"model.name is {given_name} but {source} is a {model.name} run; to start from its "
+                              f"weights set model.weights_path to its weights file, {reader.path / 'ema.safetensors'}")
         raise ConfigError(f"model.name is {given_name} but {source} holds a {model.name}; leave model.name out "
                           "(the weights decide it) or set it to that")
     for key, value in user_options.items():
@@ -75,9 +80,44 @@ def read_weights(path, cfg, given) -> tuple:
     raise first or CheckpointError(f"model {cfg.model.name} cannot read its shape from weights; set model.name")
 
 
+def is_pipeline_folder(path) -> bool:
+    """Whether `path` is a diffusers pipeline folder (model_index.json) or a diffusers model folder (config.json
+    beside diffusion_pytorch_model*.safetensors)."""
+    from pathlib import Path
+
+    p = Path(path)
+    return p.is_dir() and ((p / "model_index.json").is_file() or (
+        (p / "config.json").is_file() and any(p.glob("diffusion_pytorch_model*.safetensors"))))
+
+
+def read_pipeline(path, cfg, given) -> tuple:
+    """(the model keys, our state dict, the data keys) of a diffusers pipeline or transformer folder (a
+    released PixArt, a DiTPipeline): its transformer's config gives every model key, its VAE, text encoder
+    and their token count the data's where the user set none."""
+    from dit_trainer.convert import read
+
+    bundle = read("diffusers", path)
+    model = dict(bundle.model)
+    name = cfg.model.name if "model.name" in given else None
+    if name is not None and get_spec(name).family != get_spec(model["name"]).family:
+        raise ConfigError(f"model.name is {name} but model.weights_path {path} holds a {model['name']}; leave "
+                          "model.name out (the weights decide it) or set it to that")
+    for key, value in cfg.model.options.items():
+        if f"model.{key}" in given and key in model and _differs(value, model[key], f"model.{key}"):
+            raise ConfigError(f"model.{key} is {value} but model.weights_path {path} holds {model[key]}; leave "
+                              f"model.{key} out (the weights decide it)")
+    model["name"] = name or model["name"]
+    found = {k: v for k, v in model.items() if k in ("name", *SHAPE_FIELDS) or k not in SHARED_FIELDS}
+    data = {"vae": bundle.vae, "scaling_factor": bundle.scaling_factor, "text_encoder": bundle.text_encoder,
+            "text_max_length": bundle.text_max_length}
+    return found, bundle.state_dict, {k: v for k, v in data.items() if v is not None}
+
+
 class PretrainedShapes:
     """`build_config`'s first fill (see `DataShapes`): with `model.weights_path`, sets the model keys the
-    weights need where the user set none and returns them; `.state_dict` keeps the weights for the trainer."""
+    weights need where the user set none and returns them; `.state_dict` keeps the weights for the trainer.
+    A diffusers pipeline folder also gives the data its VAE and text encoder where the user named none
+    (data the run trains on that records its own, shards, then wins)."""
 
     def __init__(self):
         self.state_dict = None
@@ -86,7 +126,13 @@ class PretrainedShapes:
         path = cfg.model.weights_path
         if not path:
             return set()
-        found, self.state_dict = read_weights(path, cfg, given)
+        if is_pipeline_folder(path):
+            found, self.state_dict, data = read_pipeline(path, cfg, given)
+            for key, value in data.items():
+                if f"data.{key}" not in given:
+                    set_key(cfg, f"data.{key}", value)
+        else:
+            found, self.state_dict = read_weights(path, cfg, given)
         done = set()
         for key, value in found.items():
             dotted = f"model.{key}"
@@ -114,6 +160,8 @@ def load_pretrained(model, spec, state_dict: dict, source, log: bool = True) -> 
     from dit_trainer.models.interval import fit_interval
     from dit_trainer.repa.attach import fit_projector
 
+    if spec.adopt_weights_fn is not None:  # another family's weights of this shape (a PixArt from a DiT)
+        state_dict = spec.adopt_weights_fn(model, state_dict, source, log=log)
     # A flow model's weights start a MeanFlow model with its zero interval embedding: at step 0 it is that flow model.
     state_dict = fit_interval(model, fit_projector(model, state_dict))
     key = spec.label_embedding

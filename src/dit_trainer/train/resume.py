@@ -5,7 +5,7 @@ loads, holds only finite weights and a sane trainer state; each one skipped is n
 together with the one used instead. `checkpoint.resume_from` is checked alike (a failure is an
 error: it was asked for by name). The checkpoints newer than the one resumed from move aside into
 `checkpoints/abandoned-TIME/`, so the next rerun continues this branch and nothing is deleted.
-A checkpoint of another model, objective or seed is refused with a one-line error.
+A checkpoint of another model, objective, seed or latent statistics is refused with a one-line error.
 Starting fresh (`checkpoint.resume false`) over an old run is refused unless
 `checkpoint.on_existing` says to archive the old run or overwrite it, so two runs never share
 checkpoint rotation or `metrics.jsonl`. Optimizer values the user changed in the config since the
@@ -282,6 +282,7 @@ def check_same_model(cfg, path):
     _check_same_objective(cfg, path, config)
     _check_same_seed(cfg, path, config)
     _check_same_phema(cfg, path, config)
+    _check_same_latent_stats(cfg, path, config)
     keys = [*_MODEL_KEYS, *sorted(set(old) & set(new) - set(_MODEL_KEYS) - {"class_dropout_prob", "weights_path"})]
     norm = lambda k, v: str(v).lower() if k == "name" else v  # noqa: E731 (model names are case-insensitive)
     differ = [k for k in keys if k in old and norm(k, old.get(k)) != norm(k, new.get(k))]
@@ -321,6 +322,22 @@ def _check_same_phema(cfg, path, saved: dict) -> None:
         f"{path} {held} but this run sets train.phema_stds {new}; profiles are tracked from step 1, so set "
         f"train.phema_stds {old} to continue it, or start a new run in another output_dir (or --checkpoint.resume "
         "false --checkpoint.on_existing archive)")
+
+
+def _check_same_latent_stats(cfg, path, saved: dict) -> None:
+    """A one-line error when checkpoint `path` was trained on latents normalised otherwise than this run's
+    (`data.latent_mean/std`, e.g. measured anew by a re-extract): the model would go on learning latents
+    shifted and scaled differently from those it has learnt."""
+    from dit_trainer.vae.latent_stats import describe_stats, same_stats, stats_of
+
+    old, new = stats_of(saved.get("data") or {}), stats_of(cfg.data)
+    if same_stats(old, new):
+        return
+    raise ConfigError(
+        f"{path} was trained on latents {describe_stats(old)} but this run's data normalises them "
+        f"{describe_stats(new)} (the data was extracted again?); set data.latent_mean and data.latent_std to the "
+        f"checkpoint's (its config.yaml), or train on the new statistics in another output_dir (or "
+        f"--checkpoint.resume false --checkpoint.on_existing archive)")
 
 
 def _check_same_objective(cfg, path, saved: dict) -> None:

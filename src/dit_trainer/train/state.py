@@ -45,6 +45,21 @@ def restore(trainer, state: dict) -> None:
         trainer.scaler.load_state_dict(state["grad_scaler"])
 
 
+def _hold_out(trainer):
+    """The indices training reads (None: all) once `data.val_split` samples are held out for validation;
+    the held-out ones go to `trainer.held_out_index`."""
+    from dit_trainer.data import holdout
+
+    cfg = trainer.cfg
+    count = cfg.data.val_split
+    if count is None:
+        count = 0 if cfg.data.val_path else trainer.condition.default_val_split(len(trainer.dataset))
+        if count:
+            cfg.data.val_split = count  # config.yaml records the split, which a resume must keep
+    trainer.held_out_index, kept = holdout.split(len(trainer.dataset), count)
+    return kept
+
+
 def build_loader(trainer):
     """The endless per-rank loader of global-batch shares of the trainer's dataset (built from the config if unset)."""
     from dit_trainer.data.loader import GlobalBatchSampler, StepLoader, build_dataset
@@ -53,6 +68,7 @@ def build_loader(trainer):
     cfg, dims = trainer.cfg, trainer.dims
     if trainer.dataset is None:
         trainer.dataset = build_dataset(cfg)
+        trainer.condition.bind(trainer.dataset, trainer.device)
     if trainer.alignment is not None:
         trainer.alignment.check_data(trainer.dataset)
     shape = getattr(trainer.dataset, "latent_shape", None)
@@ -62,7 +78,7 @@ def build_loader(trainer):
                         "(input_size is the image size / the VAE's downsampling factor, 8 for the SD VAEs) or "
                         "re-extract the data")
     sampler = GlobalBatchSampler(len(trainer.dataset), cfg.train.global_batch_size, seed=cfg.train.seed,
-                                 dp_rank=dims.dp_rank, dp_size=dims.dp_size)
+                                 dp_rank=dims.dp_rank, dp_size=dims.dp_size, kept=_hold_out(trainer))
     # An image folder's VAE encodes on this device what its latent cache lacks.
     stage = encoder_for(trainer.dataset, trainer.device, dims, progress=dims.is_main and cfg.logging.progress)
     return StepLoader(trainer.dataset, sampler, num_workers=cfg.data.num_workers,

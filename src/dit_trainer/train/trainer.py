@@ -17,12 +17,14 @@ import torch
 import torch.nn as nn
 
 from dit_trainer.checkpoint.checkpointer import Checkpointer
+from dit_trainer.condition import build_condition
 from dit_trainer.config import backend_of, build_config, config_yaml, save_config
 from dit_trainer.data.loader import DataShapes
 from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.fs import write_error_text
 from dit_trainer.models import get_spec
+from dit_trainer.models.interval import check_interval
 from dit_trainer.models.routing import TokenRouting
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
@@ -41,7 +43,9 @@ from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
 from dit_trainer.train.signals import StopSignals
+from dit_trainer.train.step_model import HeldCondition
 from dit_trainer.train.update import GuardedUpdate
+from dit_trainer.train.validation import Validation, draw_grid
 from dit_trainer.vae.latent_stats import device_stats, normalize
 
 
@@ -74,6 +78,7 @@ class DiTTrainer:
 
         self.spec = get_spec(cfg.model.name)
         model = self.spec.build_model_fn(cfg)
+        check_interval(model, cfg, self.spec.name)  # MeanFlow's second time input, in the families that have one
         if cfg.model.weights_path:
             load_pretrained(model, self.spec, pretrained.state_dict, cfg.model.weights_path, log=self.is_main)
         model.to(self.device)
@@ -86,6 +91,11 @@ class DiTTrainer:
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
         if self.flops_per_image is not None and self.alignment is not None:  # the projector's and the encoder's
             self.flops_per_image += self.alignment.flops_per_image(model)
+        # What the model is conditioned on (class labels, captions): read from each batch, dropped for guidance.
+        self.condition = build_condition(cfg, self.spec, model)
+        self.condition.check_config(cfg)
+        if self.dataset is not None:
+            self.condition.bind(self.dataset, self.device)
         self.sample_shape = (model.in_channels, model.input_size, model.input_size)
         self.latent_stats = device_stats(cfg.data, self.device)  # None unless latents are normalised per channel
         compiled = cfg.train.compile == "true"
@@ -178,25 +188,27 @@ class DiTTrainer:
     # -- one step ------------------------------------------------------------------------
 
     def _prepare(self, batch):
-        """This rank's (x, y) on the device, and its slice of the global batch's randomness.
+        """This rank's x and condition (the model's keyword arguments, dropped rows made unconditional)
+        on the device, its slice of the global batch's randomness, and the condition before dropout.
 
-        The objective's draws, the label-dropout mask and the token routing (when on) are drawn for
-        the whole global batch on the CPU, in that order; the order is part of the contract that
+        The objective's draws, the condition's dropout mask and the token routing (when on) are drawn
+        for the whole global batch on the CPU, in that order; the order is part of the contract that
         resume and parity replay.
         """
-        x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
+        x = batch["x"] if isinstance(batch, dict) else batch[0]
         x = normalize(x.to(self.device, dtype=torch.float32, non_blocking=True), self.latent_stats)
-        y = y.to(self.device, dtype=torch.long, non_blocking=True)
+        cond = self.condition.inputs(batch, self.device)
         local = x.shape[0]
         n, lo = local * self.dims.dp_size, self.dims.dp_rank * local
         draws = self.objective.draw(n, self.sample_shape, self.generator, torch.device("cpu"))
-        drop = (torch.rand(n, generator=self.generator) < self.cfg.model.class_dropout_prob).long()
+        drop = self.condition.draw_drop(n, self.generator)
         draws = {k: self._to_device(v[lo:lo + local]) for k, v in draws.items()}
         # Routing off draws nothing: the generator's stream stays the release's.
         route = self.routing.draw(n, self.generator).part(slice(lo, lo + local), self._to_device) if self.routing else None
         if self.alignment is not None:  # the encoder's targets of this rank's images: no randomness
             self.alignment.add_targets(batch, x, draws)
-        return x, y, draws, self._to_device(drop[lo:lo + local]), route
+        drop = self._to_device(drop[lo:lo + local])  # the undropped condition too: MeanFlow guides with other masks
+        return x, self.condition.drop(cond, drop), draws, route, HeldCondition(self.condition, cond, drop)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -207,9 +219,9 @@ class DiTTrainer:
     def queue_step(self, batch) -> torch.Tensor:
         """One optimizer step on this rank's share of a global batch, without waiting for its results
         where the device can check them itself; returns the rank's loss (a device tensor)."""
-        x, y, draws, drop, route = self._prepare(batch)
+        x, cond, draws, route, held = self._prepare(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward.loss_and_grads(x, y, draws, drop, route)
+        loss = self.forward_backward.loss_and_grads(x, cond, draws, route, held)
         self.update.apply_or_skip(loss, stop=self._stop is not None, done=self.step)
         self.step += 1
         return loss
@@ -221,7 +233,7 @@ class DiTTrainer:
         loss = self.queue_step(batch)
         self.update.read_pending()
         out = {"loss": self.dims.all_reduce_mean(loss).item(), "lr": self.lr_scheduler.get_last_lr()[0]}
-        out.update(self.objective.read_alignment(self.dims, out["loss"]) if self.alignment is not None else {})
+        out.update(self.objective.read_alignment(self.dims) if self.alignment is not None else {})
         if self.skipped_steps > skipped:
             out.update(loss=float("nan"), skipped=True)
         elif self.update.last_grad_norm() is not None:
@@ -252,9 +264,7 @@ class DiTTrainer:
     def _flush_loader(self) -> None:
         # An image folder's loader keeps freshly encoded latents in memory; written now, a resume or
         # the next run finds them in the cache.
-        flush = getattr(self.loader, "flush", None)
-        if flush is not None:
-            flush()
+        getattr(self.loader, "flush", lambda: None)()
 
     def load_checkpoint(self, path) -> None:
         """Resume from a checkpoint directory written by `save_checkpoint`, under any layout."""
@@ -298,6 +308,7 @@ class DiTTrainer:
     def _train(self, max_steps_name: str) -> dict:
         from tqdm.auto import tqdm
 
+        from dit_trainer.progress import progress_bar
         from dit_trainer.train.metrics import MetricsLogger, console_line, metrics_line
         from dit_trainer.train.mfu import mfu_meter
 
@@ -305,6 +316,7 @@ class DiTTrainer:
         preflight.check_grid_vae(cfg)
         if self.loader is None:
             self.loader = self.build_loader()
+        self.validation = Validation.for_run(self)  # held-out samples: the validation loss, the grid's rows
         resumed = self.maybe_resume()
         if resumed is not None and self.step >= cfg.train.max_steps:
             if main:
@@ -325,9 +337,9 @@ class DiTTrainer:
             if resumed is not None and (record := resume_record(resumed, self.dims.world_size)):
                 logger.note(self.step, record)
         mfu = mfu_meter(self)
-        fid = TrainingFID(cfg, self.device, self.dims, self.amp_dtype, cfg.logging.progress) if cfg.eval.every else None
-        bar = tqdm(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
-                   desc="train", dynamic_ncols=True)
+        fid = TrainingFID.for_run(self) if cfg.eval.every else None
+        bar = progress_bar(total=cfg.train.max_steps, initial=self.step, disable=not (main and cfg.logging.progress),
+                           desc="train", dynamic_ncols=True, logged=True)
         last = {}
         t0, step0 = time.perf_counter(), self.step
         if self.device.type == "cuda":
@@ -341,12 +353,16 @@ class DiTTrainer:
                 last = metrics_line(self.update.read_losses(), self.lr_scheduler.get_last_lr()[0],
                                     self.step - step0, time.perf_counter() - t0, cfg.train.global_batch_size,
                                     self.device, self.skipped_steps, mfu)
-                last.update(self.objective.read_alignment(self.dims, last["loss"]) if self.alignment is not None else {})
+                last.update(self.objective.read_alignment(self.dims) if self.alignment is not None else {})
                 logger.log(self.step, last)
                 if main:
                     bar.set_postfix(loss=f"{last['loss']:.4f}")
                     tqdm.write(console_line(self.step, last))  # keeps the bar intact; a plain line without one
                 t0, step0 = time.perf_counter(), self.step
+            if self.validation.due(self.step):  # every rank measures its share of the held-out samples
+                values = self.validation.measure(self.model)
+                logger.log(self.step, values)
+                last = {**last, **values}
             # Sharded EMA weights are gathered by every rank, so all of them call in.
             if cfg.logging.image_steps and self.step % cfg.logging.image_steps == 0:
                 path = preflight.make_dir(cfg.output_dir, "samples") / f"step-{self.step:08d}.png"
@@ -380,12 +396,9 @@ class DiTTrainer:
         return last
 
     def save_sample_grid(self, path, **kwargs):
-        """Draw a grid from the EMA weights (one row per class) with the run's objective; all ranks call it."""
-        from dit_trainer.sample import sample_grid
-
+        """Draw a grid from the EMA weights (a row per class, or per prompt or held-out caption) with the run's
+        objective; all ranks call it."""
         model = self.ema_model()
-        result = None
-        if model is not None:
-            result = sample_grid(model, self.objective, self.cfg, path, device=self.device, **kwargs)
+        result = draw_grid(self, model, path, **kwargs) if model is not None else None
         barrier()
         return result

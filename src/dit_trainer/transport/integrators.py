@@ -122,9 +122,9 @@ class SDE:
         step = self._euler_maruyama if self.sampler_type == "Euler" else self._heun
         times = self.t[:-1]
         if progress:
-            from tqdm.auto import tqdm
+            from dit_trainer.progress import progress_bar
 
-            times = tqdm(times)
+            times = progress_bar(times)
         x, samples = init, []
         for ti in times:
             with torch.no_grad():

@@ -81,6 +81,16 @@ class TransportObjective(Objective):
         t = draws["t"]
         return self.transport.path.xt(t, draws["noise"].to(x), x), t
 
+    def validation_times(self, k: int):
+        """Times t1 - (j / k)(t1 - t0), j = 0..k-1, on the training interval: t1 is the data's end (SiT's t runs
+        from noise at 0 to data at 1, SD3's the other way)."""
+        t0, t1 = self.transport.train_interval()
+        return t1 - torch.arange(k, dtype=torch.float32) / k * (t1 - t0)
+
+    def draws_at(self, t, noise):
+        """{"t", "noise"} at times `t`."""
+        return {"t": torch.as_tensor(t, dtype=torch.float32).to(noise.device), "noise": noise}
+
     def prediction(self, output, x):
         """The model output as a prediction shaped like x (a learned-σ DiT's extra half dropped)."""
         if output.shape[1] == x.shape[1]:

@@ -78,10 +78,28 @@ def check_stats(mean, std, channels: int, where: str, error) -> None:
 
 
 def stats_of(data) -> Optional[Tuple[List[float], List[float]]]:
-    """(mean, std) a run's data section normalises with, or None (the latents are used as stored)."""
-    if getattr(data, "latent_norm", "auto") == "scale" or getattr(data, "latent_mean", None) is None:
+    """(mean, std) a run's data section (a DataConfig, or a dict read from a config.yaml) normalises
+    with, or None (the latents are used as stored)."""
+    get = data.get if isinstance(data, dict) else lambda key, default=None: getattr(data, key, default)
+    if get("latent_norm", "auto") == "scale" or get("latent_mean") is None:
         return None
-    return list(data.latent_mean), list(data.latent_std)
+    return list(get("latent_mean")), list(get("latent_std") or [])
+
+
+def same_stats(a, b) -> bool:
+    """Whether two `stats_of` results normalise alike (to float rounding: YAML and JSON round trips)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return all(len(x) == len(y) and all(math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-12) for u, v in zip(x, y))
+               for x, y in zip(a, b))
+
+
+def describe_stats(stats) -> str:
+    """`stats_of`'s result in a few words, for one-line errors."""
+    if stats is None:
+        return "as stored (no per-channel statistics)"
+    short = lambda v: "[" + ", ".join(f"{x:.6g}" for x in v[:3]) + (", ...]" if len(v) > 3 else "]")  # noqa: E731
+    return f"with per-channel mean {short(stats[0])} and std {short(stats[1])}"
 
 
 def device_stats(data, device):

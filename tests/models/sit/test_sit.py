@@ -59,7 +59,7 @@ def test_forward_with_cfg_guides_three_channels_by_default_or_all():
         guided = uncond + 4.0 * (cond - uncond)
         release = sit.forward_with_cfg(x2, t, y, 4.0)
         every = sit.forward_with_cfg(x2, t, y, 4.0, cfg_channels=None)
-        helper = guided_model_fn(sit, Guidance(4.0, cfg_channels=4), TransportObjective(create_transport()))(x2, t, y)
+        helper = guided_model_fn(sit, Guidance(4.0, cfg_channels=4), TransportObjective(create_transport()))(x2, t, y=y)
     assert torch.allclose(release[:2, :3], guided[:, :3], atol=1e-5)
     assert torch.allclose(release[:2, 3:], cond[:, 3:], atol=1e-6)
     assert torch.allclose(every[:2], guided, atol=1e-5) and torch.equal(helper, every)
@@ -72,8 +72,8 @@ def test_guidance_interval_skips_the_unconditional_pass_outside():
     # Linear path: sigma = (1 - t) / t, so t 0.4 is sigma 1.5 (inside (0.5, 3]) and t 0.9 is sigma 0.11 (below).
     fn = guided_model_fn(sit, Guidance(3.0, cfg_channels=4, interval=(0.5, 3.0)), TransportObjective(create_transport()))
     with torch.no_grad():
-        inside = fn(x2, torch.full((4,), 0.4), y)
-        outside = fn(x2, torch.full((4,), 0.9), y)
+        inside = fn(x2, torch.full((4,), 0.4), y=y)
+        outside = fn(x2, torch.full((4,), 0.9), y=y)
         cond = sit(x, torch.full((2,), 0.9), y[:2])
         assert torch.equal(inside, sit.forward_with_cfg(x2, torch.full((4,), 0.4), y, 3.0, cfg_channels=4))
     assert torch.equal(outside[:2], cond) and torch.equal(outside[2:], cond)

@@ -57,32 +57,41 @@ def _others(folder: str) -> str:
 
 
 def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "auto", device: str = "auto",
-                      cache_dir=None, random_flip: bool = True, seed: int = 0):
+                      cache_dir=None, random_flip: bool = True, seed: int = 0, text=None):
     """The dataset of image folder `path`: its complete latent cache as `LatentShards`, else an
-    `ImageFolderLatents` holding the VAE that will encode the rest; one log line names the cache."""
+    `ImageFolderLatents` holding the VAE that will encode the rest; one log line names the cache.
+    `text` ({"encoder", "max_length", "dtype", "empty"}): `path` holds captioned images in any layout of
+    `data.captions`, and the cache keeps the text encoder's outputs beside the latents (`TextShards`)."""
     from dit_trainer.data.fingerprint import fingerprint
     from dit_trainer.data.images import list_image_folder
     from dit_trainer.data.online import cache as lc
+    from dit_trainer.devices import resolve_device
 
     path = os.fspath(path)
-    paths, labels, class_names = list_image_folder(path)
+    kind = resolve_device(device).type
+    if text is None:
+        paths, labels, class_names = list_image_folder(path)
+        listed = {}
+    else:
+        from dit_trainer.data.online import captions
+
+        listing, listed = captions.open_listing(path, text, kind)
+        paths, labels, class_names = listing.images, captions.labels_of(listing), None
     name = os.fspath(vae or DEFAULT_VAE)
     if os.path.isdir(os.path.expanduser(name)):
         name = os.path.abspath(os.path.expanduser(name))  # the run's config.yaml is read from anywhere
-    from dit_trainer.devices import resolve_device
-
-    kind = resolve_device(device).type
     dtype = vae_dtype_for(vae_dtype, kind)
-    plan = lc.cache_plan(path, paths, labels, name, dtype, image_size)
+    plan = lc.cache_plan(path, paths, labels, name, dtype, image_size, **listed)
     folder = lc.cache_folder(cache_dir or lc.default_root(), plan)
     if lc.read_manifest_or_none(folder) is not None:
-        from dit_trainer.data.shards import LatentShards
+        from dit_trainer.data.text_shards import open_shards
 
         _say(f"latent cache {folder}: complete, read as shards (the VAE is not loaded)")
         lc.remove_pieces(folder)  # left by a run killed between the manifest and the clean-up
-        dataset = LatentShards(folder, random_flip=random_flip, seed=seed, remedy=lc.remedy(folder))
+        dataset = open_shards(folder, random_flip=random_flip, seed=seed, remedy=lc.remedy(folder))
         dataset.source = f"the image folder {path}"
-        dataset.image_paths, dataset.stored_images = paths, True  # REPA reads the images from the folder
+        if text is None:
+            dataset.image_paths, dataset.stored_images = paths, True  # REPA reads the images from the folder
         dataset.fingerprint = fingerprint(plan["data_path"], len(paths), plan["files_sha256"])
         return dataset
     from dit_trainer.data.online.dataset import ImageFolderLatents
@@ -101,6 +110,8 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
     if known is None:
         lc.write_plan(folder, plan)  # a failed write is one line naming the cache
     dataset = ImageFolderLatents(path, folder, plan, paths, labels, class_names, random_flip, seed, vae=model)
+    if text is not None:
+        captions.attach(dataset, listing, plan["text"])
     dataset.fingerprint = fingerprint(plan["data_path"], len(paths), plan["files_sha256"])
     have = dataset.where.covered
     if known is None:

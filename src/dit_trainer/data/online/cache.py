@@ -27,6 +27,7 @@ import numpy as np
 from dit_trainer.data import shards as sh
 from dit_trainer.data import checksums
 from dit_trainer.data.checksums import file_sha256
+from dit_trainer.data.shard_text import TextSidecar, fields_of
 from dit_trainer.errors import DataError
 from dit_trainer.npy import open_memmap, read_array
 
@@ -84,19 +85,22 @@ def files_digest(paths: List[str], labels: np.ndarray, root: str) -> str:
     return digest.hexdigest()
 
 
-def cache_plan(data_path: str, paths, labels, vae_name: str, vae_dtype: str, image_size: int) -> Dict:
-    """The values that name a cache, with its `key`."""
-    plan = {"format": FORMAT, "data_path": os.path.abspath(data_path), "num_images": len(paths),
-            "files_sha256": files_digest(paths, labels, data_path), "vae": vae_name,
-            "vae_identity": vae_identity(vae_name), "vae_dtype": vae_dtype, "image_size": int(image_size),
-            "shard_size": SHARD_SIZE, "flips": True, "posterior": "mean_std", "dtype": STORAGE}
+def cache_plan(data_path: str, paths, labels, vae_name: str, vae_dtype: str, image_size: int, files_sha256=None,
+               text=None) -> Dict:
+    """The values that name a cache, with its `key`; a captioned listing gives its own `files_sha256`
+    (`Captioned.digest`) and `text`, what names its text encoder's outputs."""
+    plan = {"format": FORMAT, "data_path": data_path if "://" in data_path else os.path.abspath(data_path),
+            "num_images": len(paths), "files_sha256": files_sha256 or files_digest(paths, labels, data_path),
+            "vae": vae_name, "vae_identity": vae_identity(vae_name), "vae_dtype": vae_dtype, "image_size": int(image_size),
+            "shard_size": SHARD_SIZE, "flips": True, "posterior": "mean_std", "dtype": STORAGE,
+            **({"text": text} if text else {})}
     plan["key"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
     return plan
 
 
 def cache_folder(root: str, plan: Dict) -> str:
     """The cache folder of `plan` under `root`: folder name, image size and the key's first 12 digits."""
-    name = os.path.basename(os.path.normpath(plan["data_path"])) or "images"
+    name = os.path.basename(os.path.normpath(plan["data_path"].split("://")[-1])) or "images"
     return os.path.join(os.path.abspath(os.path.expanduser(root)), f"{name}-{plan['image_size']}px-{plan['key'][:12]}")
 
 
@@ -219,12 +223,16 @@ class PieceWriter:
         self.folder = os.path.join(folder, PIECES)
         self.index: List[np.ndarray] = []
         self.rows: List[np.ndarray] = []
+        self.extra: Dict[str, List[np.ndarray]] = {}
         self.pending = 0
 
-    def add(self, index: np.ndarray, rows: np.ndarray) -> None:
-        """Keep rows (float16, b×F×K×C×H×W) of images `index`; write a piece once enough are kept."""
+    def add(self, index: np.ndarray, rows: np.ndarray, extra: Optional[Dict[str, np.ndarray]] = None) -> None:
+        """Keep rows (float16, b×F×K×C×H×W) of images `index`, and `extra` rows of other fields (the text
+        encoder's, `shard_text`) written beside them; write a piece once enough are kept."""
         self.index.append(np.asarray(index, dtype=np.int64))
         self.rows.append(rows)
+        for field, value in (extra or {}).items():
+            self.extra.setdefault(field, []).append(value)
         self.pending += len(index)
         if self.pending >= PIECE_ROWS:
             self.flush()
@@ -236,24 +244,36 @@ class PieceWriter:
         name = uuid.uuid4().hex
         stem = os.path.join(self.folder, name)
         # A piece without its checksums never counts; its files are removed all the same.
-        with writing(os.path.dirname(self.folder), f"{stem}.rows.npy", [f"{stem}.index.npy", f"{stem}.rows.npy"]):
+        files = [f"{stem}.index.npy", f"{stem}.rows.npy"] + [sidecar(f"{stem}.rows.npy", f) for f in self.extra]
+        with writing(os.path.dirname(self.folder), f"{stem}.rows.npy", files):
             os.makedirs(self.folder, exist_ok=True)
             sums = {"index": sh._atomic_npy(f"{stem}.index.npy", np.concatenate(self.index)),
                     "rows": sh._atomic_npy(f"{stem}.rows.npy", np.concatenate(self.rows))}
+            for field, parts in self.extra.items():
+                done = sh._atomic_npy(sidecar(f"{stem}.rows.npy", field), np.concatenate(parts))
+                sums["rows"].update({f"{field}_bytes": done["bytes"], f"{field}_sha256": done["sha256"]})
             sh._atomic_json(stem + SUMS, sums)
         checksums.stamp_written(self.folder, [{"name": f"{name}.rows", **sums["rows"]}])
-        self.index, self.rows, self.pending = [], [], 0
+        self.index, self.rows, self.extra, self.pending = [], [], {}, 0
 
 
-def gather(where: Where, index: np.ndarray, opened: Dict[int, np.ndarray], select=None) -> np.ndarray:
-    """The stored rows of images `index` (all covered), `select` (a function of a rows view) applied per file."""
+def sidecar(rows_path: str, field: str) -> str:
+    """The file of `field` beside a rows file (a shard's `NAME.npy` or a piece's `ID.rows.npy`)."""
+    return rows_path[:-len(".npy")] + checksums.SIDECARS[field]
+
+
+def gather(where: Where, index: np.ndarray, opened: Dict, select=None, field: Optional[str] = None) -> np.ndarray:
+    """The stored rows of images `index` (all covered), `select` (a function of a rows view) applied per
+    file; with `field`, the rows of that field beside them instead."""
     out = None
     file_of = where.file_of[index]
     for f in np.unique(file_of):
         at = np.flatnonzero(file_of == f)
-        array = opened.get(int(f))
+        slot = int(f) if field is None else (int(f), field)
+        array = opened.get(slot)
         if array is None:
-            array = opened[int(f)] = open_memmap(where.files[int(f)])
+            path = where.files[int(f)]
+            array = opened[slot] = open_memmap(path if field is None else sidecar(path, field))
         # Plain ndarray view: np.memmap's subclass hooks cost microseconds per indexing.
         part = np.asarray(array)[where.row_of[index[at]]]
         part = select(part, at) if select is not None else part
@@ -263,8 +283,9 @@ def gather(where: Where, index: np.ndarray, opened: Dict[int, np.ndarray], selec
     return out
 
 
-def pack(folder: str, where: Where, shard_ids, labels: np.ndarray) -> None:
-    """Write shards `shard_ids` from the rows on disk, as `dit extract` would have written them."""
+def pack(folder: str, where: Where, shard_ids, labels: np.ndarray, text: Optional[Dict] = None) -> None:
+    """Write shards `shard_ids` from the rows on disk, as `dit extract` would have written them (with
+    the text encoder's outputs beside them, with `text`, a manifest's text record)."""
     num_images = len(labels)
     total = num_shards(num_images)
     opened: Dict[int, np.ndarray] = {}
@@ -276,8 +297,13 @@ def pack(folder: str, where: Where, shard_ids, labels: np.ndarray) -> None:
         rows = gather(where, index, opened)
         writer = sh.ShardWriter(folder, name, len(index), rows.shape[1:], STORAGE)
         writer.add(rows, labels[index])
+        marker = {}
         with writing(folder, os.path.join(folder, f"{name}.npy")):
-            writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")))
+            if text is not None:
+                beside = TextSidecar(folder, name, len(index), text)
+                beside.add({f: gather(where, index, opened, field=f) for f in fields_of(text)})
+                marker = beside.close()
+            writer.close(skipped=[], rank=int(os.environ.get("RANK", "0")), **marker)
 
 
 def read_manifest_or_none(folder: str) -> Optional[Dict]:

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.data.images import IMAGE_ERRORS, load_image
+from dit_trainer.data.captions.files import read_image, ref_name
+from dit_trainer.data.images import IMAGE_ERRORS
 from dit_trainer.data.indexing import check_epoch
 from dit_trainer.data.online import cache as lc
 from dit_trainer.data.shards import epoch_draws, latents_from_rows
@@ -31,7 +32,7 @@ class ImageFolderLatents(Dataset):
                  class_names: List[str], random_flip: bool = True, seed: int = 0, vae=None):
         self.data_path, self.root, self.plan = data_path, folder, plan
         self.paths, self.labels, self.class_names = list(paths), np.asarray(labels, dtype=np.int64), class_names
-        self.num_classes = len(class_names)
+        self.num_classes = len(class_names) if class_names is not None else None
         self.latent_shape = tuple(int(s) for s in plan["latent_shape"])
         self.image_size = int(plan["image_size"])
         self.entry = (lc.ENTRY_FLIPS, lc.ENTRY_KINDS, *self.latent_shape)
@@ -47,11 +48,32 @@ class ImageFolderLatents(Dataset):
         self._generator = None
         # REPA (`return_images`): every item also carries its crop, re-read from the folder.
         self.stored_images, self.return_images = True, False
+        self.text = self.text_model = None  # captioned images: see `attach_text`
+
+    def attach_text(self, encoder, captions: List[str], text: Dict) -> None:
+        """Captioned images: each item's caption is encoded by `encoder` (on the CPU until the trainer's
+        encoder takes it) beside its latents, stored as the manifest `text` record says (`shard_text`)."""
+        self.text, self.text_model, self.captions = text, encoder, list(captions)
+        self.text_encoder = text["encoder"]  # its name, as TextShards give it
+        self.num_classes = self.class_names = None  # the caption is the condition
+        self.text_max_length, self.text_hidden_size = text["max_length"], text["hidden_size"]
+        self.text_pooled_size = text["pooled_size"]
+        self.stored_images = False  # REPA reads crops of image files, which a captioned listing need not have
+
+    def where_of(self, index: int) -> str:
+        """Image `index` as a user finds it: a path, a URL or `shard:member`."""
+        return ref_name(self.paths[index])
+
+    def null_text(self) -> Dict[str, torch.Tensor]:
+        """The encoding of "" (stored in the cache when it was opened)."""
+        from dit_trainer.data.shard_text import read_null
+
+        return read_null(self.root, self.text, lc.remedy(self.root))
 
     def __getstate__(self):
-        # Workers need neither the VAE nor the parent's mmaps.
+        # Workers need neither the VAE, the text encoder nor the parent's mmaps.
         state = dict(self.__dict__)
-        state["vae"], state["_opened"], state["_generator"] = None, {}, None
+        state["vae"], state["text_model"], state["_opened"], state["_generator"] = None, None, {}, None
         return state
 
     def __len__(self) -> int:
@@ -95,7 +117,7 @@ class ImageFolderLatents(Dataset):
         images, errors = [], []
         for j in todo.tolist():
             try:
-                images.append(load_image(self.paths[index[j]], self.image_size))
+                images.append(read_image(self.paths[index[j]], self.image_size))
             except IMAGE_ERRORS as err:
                 errors.append((j, f"{type(err).__name__}: {err}".replace("\n", " ")))
         side = self.image_size
@@ -104,7 +126,22 @@ class ImageFolderLatents(Dataset):
             from dit_trainer.data.shard_images import folder_images
 
             extra["image"] = folder_images(self.paths, index, side, flips)
+        if self.text is not None:
+            extra["text"] = self._text_rows(index, have)
         return {**extra, "epoch": self.epoch, "index": torch.from_numpy(index), "x": x,
                 "y": torch.from_numpy(self.labels[index]), "todo": torch.from_numpy(todo),
                 "images": torch.from_numpy(np.stack(images)) if images else torch.empty((0, side, side, 3), dtype=torch.uint8),
                 "errors": errors}
+
+    def _text_rows(self, index: np.ndarray, have: np.ndarray) -> Dict[str, torch.Tensor]:
+        """The stored text rows of items `index`, those at positions `have` read from the cache (the rest
+        are zeros for the main process to fill)."""
+        from dit_trainer.data.shard_text import fields_of, row_shape, storage_of
+
+        out = {}
+        for field in fields_of(self.text):
+            rows = np.zeros((len(index), *row_shape(self.text, field)), dtype=storage_of(self.text, field))
+            if have.size:
+                rows[have] = lc.gather(self.where, index[have], self._opened, field=field)
+            out[field] = torch.from_numpy(rows)
+        return out

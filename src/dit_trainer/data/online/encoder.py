@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from dit_trainer.data.encode import ENCODE_BATCH, encode_rows
-from dit_trainer.data.images import IMAGE_ERRORS, load_image
+from dit_trainer.data.captions.files import read_image
+from dit_trainer.data.images import IMAGE_ERRORS
 from dit_trainer.data.online import cache as lc
 from dit_trainer.data.online.dataset import keep_batch
 from dit_trainer.errors import DataError
@@ -56,7 +57,7 @@ class CacheEncoder:
         from dit_trainer.vae.autoencoder import scaling
 
         self.dataset, self.device, self.writes = dataset, torch.device(device), writes
-        self.vae = None
+        self.vae = self.text_model = None
         self.scale = scaling(dataset.vae) if dataset.vae is not None else None
         self.writer = lc.PieceWriter(dataset.root)
         self.complete = None  # the finished cache as LatentShards, once there is one
@@ -91,6 +92,27 @@ class CacheEncoder:
         self._count(len(index))
         return out
 
+    def encode_text(self, index: np.ndarray):
+        """The stored text rows (`shard_text`) of the captions of images `index` (None for none: a sharded
+        encoder's rank with nothing to encode still takes part in the others' calls)."""
+        from dit_trainer.data.encode import encode_text_rows
+        from dit_trainer.data.shard_text import to_storage
+
+        ds = self.dataset
+        if self.text_model is None:
+            if ds.text_model is None:
+                raise DataError(f"the latent cache {ds.root} needs its text encoder {ds.text['encoder']} to encode; "
+                                "it was not loaded")
+            self.text_model = ds.text_model.to(self.device)
+        with _NoTF32():
+            rows = encode_text_rows(self.text_model, [ds.captions[i] for i in index.tolist()])
+        return to_storage(rows, ds.text, ds.where_of(int(index[0]))) if len(index) else None
+
+    def _text_collective(self) -> bool:
+        """Whether encoding captions is a collective (a sharded text encoder) that every rank joins."""
+        model = self.text_model or self.dataset.text_model
+        return self.dataset.text is not None and getattr(model, "group", None) is not None
+
     def _count(self, n: int) -> None:
         self.encoded += n
         if self.bar is not None:
@@ -105,17 +127,25 @@ class CacheEncoder:
         index, todo = batch["index"].numpy(), batch["todo"].numpy()
         if batch["errors"]:
             j, err = batch["errors"][0]
-            raise DataError(f"{ds.paths[int(index[j])]}: {err}; remove or replace it (`dit extract` can skip "
+            raise DataError(f"{ds.where_of(int(index[j]))}: {err}; remove or replace it (`dit extract` can skip "
                             "unreadable images instead: train on its shards)")
         if todo.size:
             idx = index[todo]
             rows = self.encode(batch["images"].numpy(), idx)
+            text = self.encode_text(idx) if ds.text is not None else None
+            if text is not None:
+                for field, value in text.items():
+                    batch["text"][field][torch.from_numpy(todo)] = torch.from_numpy(value)
             if self.writes:
-                self.writer.add(idx, rows)
+                self.writer.add(idx, rows, text)
             from dit_trainer.data.shards import epoch_draws
 
             flips, seeds = epoch_draws(ds.seed, int(batch["epoch"]), idx, ds.random_flip, True)
             batch["x"][torch.from_numpy(todo)] = ds.finish(rows, idx, flips, seeds)
+        elif self._text_collective():
+            self.encode_text(todo)  # the cache held this rank's share; the other ranks' encoder calls need it
+        if "text" in batch:  # captions are the condition: the text batch keys, no "y"
+            return {"x": batch["x"], **{k: v.long() if k == "text_mask" else v for k, v in batch["text"].items()}}
         if "image" in batch:  # REPA's clean images ride along
             return {"x": batch["x"], "y": batch["y"], "image": batch["image"]}
         return batch["x"], batch["y"]
@@ -139,17 +169,17 @@ class CacheEncoder:
         self.dataset.set_epoch(epoch)
         missing = len(self.dataset) - self.dataset.where.covered
         if self.progress and self.rank == 0 and self.bar is None and missing:
-            from tqdm.auto import tqdm
+            from dit_trainer.progress import progress_bar
 
-            self.bar = tqdm(total=len(self.dataset), initial=self.dataset.where.covered, unit="img",
-                            desc="latent cache", position=1, leave=False, dynamic_ncols=True, file=sys.stderr)
+            self.bar = progress_bar(total=len(self.dataset), initial=self.dataset.where.covered, unit="img",
+                                    desc="latent cache", position=1, leave=False, dynamic_ncols=True, file=sys.stderr)
         self.started = self.started or time.perf_counter()
         return self.dataset, self.collate_fn, self
 
     def _complete(self):
         """Encode what no batch asked for, pack the shards, write the manifest; every rank calls it."""
         from dit_trainer.data.extract import finish_shards
-        from dit_trainer.data.shards import LatentShards
+        from dit_trainer.data.text_shards import open_shards
         from dit_trainer.parallel.utils import any_rank, barrier, from_main
 
         ds = self.dataset
@@ -166,14 +196,14 @@ class CacheEncoder:
             self._encode_rest(mine)
             barrier()
             where = lc.scan(root, len(ds), ds.entry)
-            lc.pack(root, where, range(self.rank, lc.num_shards(len(ds)), self.world), ds.labels)
+            lc.pack(root, where, range(self.rank, lc.num_shards(len(ds)), self.world), ds.labels, ds.text)
             barrier()
             if self.rank == 0:
                 total = lc.num_shards(len(ds))
                 with lc.writing(root, os.path.join(root, lc.sh.MANIFEST)):
                     finish_shards(root, [lc.sh.shard_name(s, total) for s in range(total)], ds.class_names, plan["vae"],
                                   plan["scaling_factor"], plan["shift_factor"], plan["image_size"], True, "mean_std",
-                                  lc.STORAGE, list(ds.latent_shape), ds.data_path)
+                                  lc.STORAGE, list(ds.latent_shape), ds.data_path, text=ds.text)
                 lc.remove_pieces(root)
             barrier()
         if self.bar is not None:
@@ -183,33 +213,48 @@ class CacheEncoder:
             seconds = time.perf_counter() - (self.started or time.perf_counter())
             print(f"latent cache {root} is complete: {len(ds)} images; later epochs and runs read it "
                   f"(this rank encoded {self.encoded} in {seconds:.0f} s)", file=sys.stderr)
-        self.vae = ds.vae = None  # the VAE's memory goes back to the model
+        self.vae = ds.vae = self.text_model = ds.text_model = None  # their memory goes back to the model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        shards = LatentShards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
+        shards = open_shards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
         shards.source = ds.source
-        shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
+        if ds.text is None:
+            shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
         return shards
 
     def _encode_rest(self, mine: np.ndarray) -> None:
         """Encode images `mine` (no batch of the first epoch asked for them) and write them as pieces."""
         ds = self.dataset
-        for start in range(0, len(mine), ENCODE_BATCH):
+        chunks = -(-len(mine) // ENCODE_BATCH)
+        if self._text_collective():  # every rank runs as many chunks as the busiest, an empty one for the text alone
+            from dit_trainer.text_encoders.parallelize import agreed_calls
+
+            chunks = agreed_calls(self.text_model or ds.text_model, chunks)
+        for start in range(0, chunks * ENCODE_BATCH, ENCODE_BATCH):
             idx = mine[start:start + ENCODE_BATCH]
+            if not len(idx):
+                self.encode_text(idx)
+                continue
             images = []
             for i in idx.tolist():
                 try:
-                    images.append(load_image(ds.paths[i], ds.image_size))
+                    images.append(read_image(ds.paths[i], ds.image_size))
                 except IMAGE_ERRORS as err:
-                    raise DataError(f"{ds.paths[i]}: {type(err).__name__}: {err}; remove or replace it".replace("\n", " ")) from None
-            self.writer.add(idx, self.encode(np.stack(images), idx))
+                    raise DataError(f"{ds.where_of(i)}: {type(err).__name__}: {err}; remove or replace it".replace("\n", " ")) from None
+            self.writer.add(idx, self.encode(np.stack(images), idx), self.encode_text(idx) if ds.text is not None else None)
         self.writer.flush()
 
 
 def encoder_for(dataset, device, dims=None, progress: bool = True) -> Optional[CacheEncoder]:
     """The stage an image folder's loader needs on `device` (None for other datasets); TP and PP peers
-    of a data-parallel rank encode its share alike, and only the first of them writes it."""
+    of a data-parallel rank encode its share alike, and only the first of them writes it. Under FSDP a
+    frozen text encoder is sharded over the `dp_shard` mesh as the model is (`text_encoders.parallelize`)."""
     if not hasattr(dataset, "where") or not hasattr(dataset, "plan"):
         return None
+    text_model = getattr(dataset, "text_model", None)
+    if dims is not None and dims.fsdp_enabled and text_model is not None and text_model.group is None:
+        from dit_trainer.text_encoders.parallelize import shard_text_encoder
+
+        shard_text_encoder(text_model.to(device), dims.mesh["dp_shard"])
     writes = dims is None or (dims.tp_rank == 0 and dims.pp_rank == 0)
     return CacheEncoder(dataset, device, writes=writes, progress=progress)

@@ -14,7 +14,7 @@ from dit_trainer.models.dit.sizes import PATCHES, swiglu_width
 from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.guidance import guided_forward
 from dit_trainer.models.interval import add_interval, zero_interval_embedding
-from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, get_2d_sincos_pos_embed, set_io,
+from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, init_backbone, set_io,
                                        timestep_embedding, unpatchify)
 from dit_trainer.models.routing import run_blocks
 from dit_trainer.repa.attach import aligned_depth, project
@@ -158,23 +158,7 @@ class DiT(nn.Module):
 
     def initialize_weights(self):
         """Xavier linears, sin-cos positions, and zeros wherever adaLN-Zero needs them."""
-
-        def _basic_init(module):
-            if isinstance(module, nn.Linear):
-                torch.nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.constant_(module.bias, 0)
-
-        self.apply(_basic_init)
-        grid = int(self.x_embedder.num_patches**0.5)
-        pos_embed = get_2d_sincos_pos_embed(self.pos_embed.shape[-1], grid)
-        self.pos_embed.data.copy_(torch.from_numpy(pos_embed).float().unsqueeze(0))
-
-        # The patch conv is initialised like a linear layer over its flattened kernel.
-        w = self.x_embedder.proj.weight.data
-        nn.init.xavier_uniform_(w.view([w.shape[0], -1]))
-        nn.init.constant_(self.x_embedder.proj.bias, 0)
-
+        init_backbone(self)
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
