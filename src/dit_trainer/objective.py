@@ -16,6 +16,8 @@ class Objective:
     name = "objective"
     samplers: tuple = ()
     default_sampler = None
+    # Whether sampling may guide (classifier-free, autoguidance); False where guidance is trained in (MeanFlow).
+    guided_sampling = True
 
     def draw(self, n, sample_shape, generator, device):
         """Every per-sample random value of a step for the whole global batch, from `generator` only."""

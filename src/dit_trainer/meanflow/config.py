@@ -64,6 +64,8 @@ def check_meanflow(cfg) -> None:
         if value not in known:
             raise ConfigError(f"meanflow.{key} {value!r} is not one of {'|'.join(known)}")
     m.timesteps = check_schedule(m.steps, m.timesteps)
+    if cfg.sample.cfg_scale is None:  # guidance is trained in: the run recommends sampling without it
+        cfg.sample.cfg_scale = 1.0
     if guided(m) and not cfg.model.class_dropout_prob > 0:
         raise ConfigError("meanflow.omega/kappa guide the target with the null label, which model.class_dropout_prob 0 "
                           "never trains; set model.class_dropout_prob 0.1 or meanflow.omega 1 and meanflow.kappa 0")

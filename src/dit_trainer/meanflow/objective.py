@@ -48,6 +48,7 @@ class MeanFlowObjective(Objective):
     name = "meanflow"
     samplers = ("meanflow",)
     default_sampler = "meanflow"
+    guided_sampling = False  # guidance is folded into the target (omega, kappa): one evaluation per step
 
     def __init__(self, config=None):
         self.config = config or MeanFlowConfig()

@@ -123,6 +123,9 @@ def sample_conditioned(model, objective_or_cfg, condition, cond, uncond=None, cf
 
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
+    if not objective.guided_sampling and (float(cfg_scale) != 1 or (guide is not None and float(guide_scale) != 1)):
+        raise ConfigError(f"objective {objective.name} samples unguided: its guidance is trained in (meanflow.omega, "
+                          "meanflow.kappa); sample with a cfg scale of 1 and no guide")
     if compile:
         from dit_trainer.sample.compile import compile_model
 
