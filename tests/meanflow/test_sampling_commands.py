@@ -63,3 +63,15 @@ def test_pipeline_samples_meanflow_in_one_call(meanflow_ckpt):
     want = sample_latents(model, cfg, [1, 2], cfg_scale=1.0, steps=1, seed=3)
     assert np.allclose(got, ((want.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).numpy(), atol=1e-6)
     assert not np.allclose(got, pipe(class_labels=[1, 2], seed=3, num_inference_steps=2, output_type="np"))
+
+
+def test_the_training_grid_samples_meanflow_unguided(meanflow_ckpt, tmp_path):
+    """logging.sample_cfg_scale (4 by default) guides other objectives' grids; MeanFlow's grid is drawn at 1."""
+    from dit_trainer.objective import build_objective
+    from dit_trainer.sample.sampling import sample_grid
+
+    ckpt, model = meanflow_ckpt
+    cfg = build_config(ckpt / "config.yaml")
+    assert cfg.logging.sample_cfg_scale > 1
+    path = sample_grid(model, build_objective(cfg), cfg, tmp_path / "grid.png", classes=[1, 2], per_class=1, steps=1)
+    assert path.is_file()

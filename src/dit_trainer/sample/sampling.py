@@ -181,6 +181,8 @@ def sample_grid(model, objective, cfg, path, device="cpu", classes=None, per_cla
     classes = resolve_labels(classes, dataset_class_names(cfg, model.num_classes), model.num_classes)
     per_class = int(per_class or log.samples_per_class)
     scale = log.sample_cfg_scale if cfg_scale is None else cfg_scale
+    if cfg_scale is None and not getattr(objective, "guided_sampling", True):
+        scale = 1.0  # guidance trained in (MeanFlow): the grid's default scale does not apply
     if not has_null_class(model):
         scale = 1.0  # guidance needs the null class that label dropout trains
     samples = sample_latents(model, objective, [c for c in classes for _ in range(per_class)], cfg_scale=scale,
