@@ -41,6 +41,16 @@ def one_thread():
 
 
 @pytest.fixture
+def scalar_kernels():
+    """Inductor writes scalar C++ kernels inside (TORCHINDUCTOR_VEC_ISA_OK=0): gcc builds them in about half the
+    time of the vectorised ones; what dynamo traces, the graphs, their recompiles and the caches are the same."""
+    from torch._inductor import config
+
+    with config.patch({"cpp.vec_isa_ok": False}):
+        yield
+
+
+@pytest.fixture
 def offline_hub(monkeypatch):
     """The Hugging Face Hub unreachable: every metadata probe fails at once; the list holds their timeouts."""
     import huggingface_hub

@@ -120,6 +120,7 @@ def test_selective_policy_saves_linear_outputs_and_recomputes_attention_matmuls(
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+@pytest.mark.usefixtures("scalar_kernels")
 def test_compile_composes_with_activation_checkpointing():
     from torch._dynamo.utils import counters
 
@@ -141,6 +142,7 @@ def test_compile_composes_with_activation_checkpointing():
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+@pytest.mark.usefixtures("scalar_kernels")
 def test_compiled_blocks_share_one_graph_and_never_recompile_for_a_new_batch():
     """A last partial batch or a doubled CFG batch must neither recompile nor fall back to eager."""
     from torch._dynamo.utils import counters
@@ -166,6 +168,7 @@ def test_compiled_blocks_share_one_graph_and_never_recompile_for_a_new_batch():
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+@pytest.mark.usefixtures("scalar_kernels")
 def test_activation_memory_budget_recomputes_instead_of_saving():
     """The budget is read while a block's graph compiles: under a lower one the compiled blocks save
     fewer bytes for the backward, and the gradients stay what they were."""
