@@ -1,24 +1,22 @@
 """The objectives' training options (shaped timestep densities, min-SNR, the direction term) under
-FSDP and TP on gloo: every step's loss and gradient norm equal one process's, in one launch."""
-
-from pathlib import Path
+FSDP and TP on gloo: every step's loss and gradient norm equal one process's."""
 
 import pytest
-from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, launch, read_losses,
+from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, read_losses,
                                     train_one_process)
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).parent / "_worker.py"
+# Trained in the session's one 2-rank launch (conftest.py's two_rank_runs).
+TWO_RANK_LAYOUTS = list(LAYOUTS_OPTIONS)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("options")
+def runs(two_rank_runs):
+    out = two_rank_runs
     with deterministic():
         for opt, (kind, sections) in OPTIONS.items():
             train_one_process(out / f"opt-{opt}_reference", kind=kind, **sections)
-    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_OPTIONS))
     return out
 
 
