@@ -3,6 +3,7 @@
 
     python benchmarks/gpu_check.py probe          # "NAME|COUNT|torch X|CUDA Y" or one line on stderr, exit 2
     python benchmarks/gpu_check.py sdpa           # which attention kernel DiT-XL/2's bf16 SDPA runs
+    python benchmarks/gpu_check.py jvp-attention  # which SDPA kernels take a JVP (MeanFlow's), and how fast
     python benchmarks/gpu_check.py summary LOGDIR # reads LOGDIR/{train_b32,train_b128,sampling,fsdp_*,sdpa,compile_cache}.log
 """
 
@@ -55,6 +56,40 @@ def sdpa() -> int:
     except RuntimeError as err:
         flash = f"no ({str(err).splitlines()[0][:80]})"
     print(f"SDPA default dispatch, bf16 (32,16,256,72): {'/'.join(kinds) or 'unknown'}; flash backend usable: {flash}")
+    return 0
+
+
+def jvp_attention() -> int:
+    """For each SDPA kernel: whether torch.func.jvp goes through it (MeanFlow's du/dt) at DiT-XL/2's shapes,
+    fp32 as the JVP runs and bf16, and the median time of one JVP; models/attention.py's FORWARD_AD_BACKENDS
+    should hold the fastest that does."""
+    import statistics
+    import time
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v, tq, tk, tv = (torch.randn(32, 16, 256, 72, device="cuda", dtype=dtype) for _ in range(6))
+        cells = []
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                        SDPBackend.MATH):
+            try:
+                with sdpa_kernel(backend):
+                    times = []
+                    for _ in range(6):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        torch.func.jvp(attend, (q, k, v), (tq, tk, tv))
+                        torch.cuda.synchronize()
+                        times.append(time.perf_counter() - t0)
+                cells.append(f"{backend.name.lower()} {statistics.median(times[1:]) * 1e3:.2f} ms")
+            except (RuntimeError, NotImplementedError) as err:
+                cells.append(f"{backend.name.lower()} no ({str(err).splitlines()[0][:60]})")
+        print(f"JVP through SDPA, {str(dtype).removeprefix('torch.')} (32,16,256,72): " + "; ".join(cells))
     return 0
 
 
@@ -172,6 +207,8 @@ def summary(logs: Path) -> int:
 def main(argv) -> int:
     if argv[:1] == ["probe"]:
         return probe()
+    if argv[:1] == ["jvp-attention"]:
+        return jvp_attention()
     if argv[:1] == ["sdpa"]:
         return sdpa()
     if len(argv) == 2 and argv[0] == "summary":

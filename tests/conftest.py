@@ -1,6 +1,7 @@
 """Fixtures shared by more than one test folder."""
 
 import json
+import os
 
 import pytest
 
@@ -29,15 +30,32 @@ def pt_and_json(tmp_path):
     return tmp_path / "tiny.pt", path, model
 
 
-@pytest.fixture
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
-    """torch on one thread inside: tiny tensors lose more to thread hand-offs than they gain on a loaded 2-core machine."""
+    """torch on one thread in every test, and OMP_NUM_THREADS=1 for the processes tests start: tiny tensors lose
+    more to thread hand-offs than they gain, and on a loaded 2-core machine a 2-thread step of a tiny model
+    costs 10x the CPU time of a 1-thread one. Session-wide, so module fixtures (trained runs) get it too."""
     import torch
 
-    previous = torch.get_num_threads()
+    previous, previous_env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
     yield
     torch.set_num_threads(previous)
+    if previous_env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = previous_env
+
+
+@pytest.fixture
+def scalar_kernels():
+    """Inductor writes scalar C++ kernels inside (TORCHINDUCTOR_VEC_ISA_OK=0): gcc builds them in about half the
+    time of the vectorised ones; what dynamo traces, the graphs, their recompiles and the caches are the same."""
+    from torch._inductor import config
+
+    with config.patch({"cpp.vec_isa_ok": False}):
+        yield
 
 
 @pytest.fixture

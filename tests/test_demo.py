@@ -84,3 +84,23 @@ def test_demo_rerun_into_a_finished_folder_names_its_flag(tmp_path, capsys):
     assert "trained 4 steps" not in out and "finished run of 4 steps: no training, sampled it again" in out
     assert "at step 4):" in out  # the FID the finished run logged
     assert (tmp_path / "samples.png").is_file()
+
+
+def test_demo_short_run_as_meanflow(tmp_path, capsys):
+    """MeanFlow's demo samples in 1 and 2 steps from its post-hoc EMA and logs both scores."""
+    import json
+
+    torch.set_num_threads(1)
+    assert main(["demo", "--steps", "4", "--out", str(tmp_path), "--per-class", "1", "--no-progress",
+                 "--objective", "meanflow", "--fid-samples", "20"]) == 0
+    cfg = build_config(tmp_path / "config.yaml")
+    assert cfg.objective == "meanflow" and cfg.train.max_steps == 4 and cfg.sample.steps == 1
+    for k in (1, 2):
+        data = np.load(tmp_path / f"samples_{k}step.npz")
+        assert data["arr_0"].shape == (20, 16, 16, 3) and np.bincount(data["arr_1"]).tolist() == [2] * 10
+        assert json.loads(str(data["settings"]))["steps"] == k
+    logged = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "fid" in r]
+    assert [r["step"] for r in logged] == [4] and logged[0]["fid_2_steps"] > 0
+    assert 0 <= logged[0]["recognised_2_steps"] <= 1
+    out = capsys.readouterr().out
+    assert "MeanFlow's sampler at 1 and 2 steps" in out and "at 2 steps: FID" in out

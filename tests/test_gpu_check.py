@@ -26,12 +26,19 @@ def test_without_gpu_one_line_and_exit_2():
     assert len(lines) == 1 and "no CUDA GPU" in lines[0]
 
 
-def _bench(tmp, name, *argv):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:]], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    (tmp / f"{name}.log").write_text(out.stdout)
-    return out.stdout
+def _benches(tmp, **runs):
+    """Run each benchmark script NAME=[script, args...] at once (separate processes, so their start-ups
+    overlap); write each one's output to NAME.log as gpu_check.sh does and return {NAME: output}."""
+    procs = {name: subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:]],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for name, argv in runs.items()}
+    outputs = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        (tmp / f"{name}.log").write_text(out)
+        outputs[name] = out
+    return outputs
 
 
 def _cell(text, first, column):
@@ -42,15 +49,17 @@ def _cell(text, first, column):
 
 
 def test_summary_of_real_outputs(tmp_path):
-    # Tiny sizes on CPU, one thread each: about 20 s in all.
+    # Tiny sizes on CPU, one thread each, the three at once: about 20 s of CPU in all.
     tiny = ["--depth", "1", "--steps", "1", "--warmup", "1"]
-    train = _bench(tmp_path, "train_b32", "train_step.py", "--hidden-size", "64", "--num-heads", "2", "--input-size",
-                   "8", "--batch-size", "2", "--variants", "bf16", "--peak-reps", "1", "--no-memory", "--threads",
-                   "1", "--device", "cpu", *tiny)
-    sampling = _bench(tmp_path, "sampling", "sampling.py", "--models", "DiT-S/2", "--batch-sizes", "1", "--steps",
-                      "2", "--no-diffusers", "--no-compile", "--threads", "1")
-    single = _bench(tmp_path, "fsdp_1", "parallel.py", "--world-sizes", "1", "--layouts", "single", "--hidden", "64",
-                    "--heads", "2", "--input", "8", "--batch", "4", *tiny)
+    logs = _benches(tmp_path,
+                    train_b32=["train_step.py", "--hidden-size", "64", "--num-heads", "2", "--input-size", "8",
+                               "--batch-size", "2", "--variants", "bf16", "--peak-reps", "1", "--no-memory",
+                               "--threads", "1", "--device", "cpu", *tiny],
+                    sampling=["sampling.py", "--models", "DiT-S/2", "--batch-sizes", "1", "--steps", "2",
+                              "--no-diffusers", "--no-compile", "--threads", "1"],
+                    fsdp_1=["parallel.py", "--world-sizes", "1", "--layouts", "single", "--hidden", "64", "--heads",
+                            "2", "--input", "8", "--batch", "4", *tiny])
+    train, sampling, single = logs["train_b32"], logs["sampling"], logs["fsdp_1"]
     (tmp_path / "status").write_text("train_b32 ok\ntrain_b128 timeout (after 120s)\nsampling ok\nfsdp_1 ok\n")
     (tmp_path / "gpu").write_text("no GPU (test)")
     out = subprocess.run([sys.executable, str(HELPER), "summary", str(tmp_path)], capture_output=True, text=True)

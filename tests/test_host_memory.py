@@ -1,8 +1,9 @@
 """host_memory.keep_freed_memory: large blocks freed and allocated again stop page-faulting; the
 commands that compute on a CPU (`dit train` among them) apply it, the `DiTTrainer` they build does
-not (a process-wide setting is the caller's). Each case runs in a fresh process, since the setting
-is process-wide and cannot be undone."""
+not (a process-wide setting is the caller's). The cases run in fresh processes, since the setting is
+process-wide and cannot be undone."""
 
+import json
 import subprocess
 import sys
 
@@ -48,57 +49,34 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert _faults("keep") < 0.25 * PAGES  # seen: 0, or one block of the twelve
 
 
-# A DiTTrainer built by library code, or `dit train` run to its end, on a tiny model of the digits.
-TRAINER = r"""
-import sys
-from dit_trainer.host_memory import freed_memory_kept
-tiny = {"output_dir": sys.argv[2], "model.name": "DiT-S/8", "model.depth": "1", "model.hidden_size": "32",
+# One fresh process answers every case below in turn (each process start costs seconds): the rule for
+# each device, then library code's DiTTrainer, then each command run to its end on tiny inputs. The
+# setting is process-wide and cannot be undone, so before each case the process forgets that it was
+# applied (`_applied`, the flag freed_memory_kept reads): what each case reports is whether it applied it.
+CASES = r"""
+import json, sys
+from dit_trainer import host_memory
+from dit_trainer.host_memory import freed_memory_kept, keep_freed_memory_on
+got = {}
+assert not freed_memory_kept()
+got["rules"] = [keep_freed_memory_on("cuda"), keep_freed_memory_on("not a device"), freed_memory_kept(),
+                keep_freed_memory_on("cpu"), freed_memory_kept()]
+tiny = {"output_dir": sys.argv[1], "model.name": "DiT-S/8", "model.depth": "1", "model.hidden_size": "32",
         "model.num_heads": "2", "data.path": "digits", "data.digits_size": "8", "data.num_workers": "0",
         "train.device": "cpu", "train.global_batch_size": "2", "train.max_steps": "1",
         "logging.progress": "false", "logging.tensorboard": "false"}
-if sys.argv[1] == "library":
-    from dit_trainer.train import DiTTrainer
-    DiTTrainer(tiny).train()
-else:
-    from dit_trainer.cli import main
-    assert main(["train", *[item for key, value in tiny.items() for item in (f"--{key}", value)]]) == 0
-print(freed_memory_kept())
-"""
-
-
-@glibc_only
-@pytest.mark.parametrize("caller", ["library", "command"])
-def test_dit_train_applies_it_on_cpu_and_the_trainer_leaves_it_to_the_caller(tmp_path, caller):
-    out = subprocess.run([sys.executable, "-c", TRAINER, caller, str(tmp_path / "run")], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == str(caller == "command")
-
-
-RULES = r"""
-from dit_trainer.host_memory import freed_memory_kept, keep_freed_memory_on
-assert keep_freed_memory_on("cuda") is False  # GPU runs leave the host's malloc alone
-assert keep_freed_memory_on("not a device") is False  # the command's own check words that error
-assert not freed_memory_kept()
-assert keep_freed_memory_on("cpu") is True and freed_memory_kept()
-print("ok")
-"""
-
-
-@glibc_only
-def test_keep_freed_memory_on_applies_only_to_cpu_devices():
-    out = subprocess.run([sys.executable, "-c", RULES], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.split()[-1] == "ok", out.stderr[-2000:]
-
-
-# Each command in a fresh process, run to the end on tiny inputs; then the process says whether
-# malloc keeps freed memory.
-COMMAND = r"""
-import sys
+host_memory._applied = False
+from dit_trainer.train import DiTTrainer
+DiTTrainer({**tiny, "output_dir": sys.argv[1] + "-library"}).train()
+got["library"] = freed_memory_kept()
 from dit_trainer.cli import main
-from dit_trainer.host_memory import freed_memory_kept
-assert main(sys.argv[1:]) == 0
-print(freed_memory_kept())
+commands = {"command": ["train", *[item for key, value in tiny.items() for item in (f"--{key}", value)]],
+            **json.loads(sys.argv[2])}
+for name, argv in commands.items():
+    host_memory._applied = False
+    assert main(argv) == 0, name
+    got[name] = freed_memory_kept()
+print(json.dumps(got))
 """
 
 
@@ -126,10 +104,30 @@ def _extract_args(tmp_path):
             "--out", str(tmp_path / "out"), "--workers", "0", "--device", "cpu", "--no-progress"]
 
 
+@pytest.fixture(scope="module")
+def applied(tmp_path_factory):
+    """{case: whether it applied keep_freed_memory} from one fresh process; "rules" holds the device rule's answers."""
+    tmp_path = tmp_path_factory.mktemp("host_memory")
+    commands = {"eval": _eval_args(tmp_path), "extract": _extract_args(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", CASES, str(tmp_path / "run"), json.dumps(commands)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@glibc_only
+@pytest.mark.parametrize("caller", ["library", "command"])
+def test_dit_train_applies_it_on_cpu_and_the_trainer_leaves_it_to_the_caller(applied, caller):
+    assert applied[caller] is (caller == "command")
+
+
+@glibc_only
+def test_keep_freed_memory_on_applies_only_to_cpu_devices(applied):
+    # GPU runs leave the host's malloc alone; a bad device is the command's own check to word.
+    assert applied["rules"] == [False, False, False, True, True]
+
+
 @glibc_only
 @pytest.mark.parametrize("command", ["eval", "extract"])
-def test_cpu_commands_keep_freed_memory(tmp_path, command):
-    args = {"eval": _eval_args, "extract": _extract_args}[command](tmp_path)
-    out = subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-1] == "True"
+def test_cpu_commands_keep_freed_memory(applied, command):
+    assert applied[command] is True

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from dit_trainer.errors import ConfigError
+from dit_trainer.meanflow import demo as meanflow_demo
 from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it here)
 
 # SiT by default: on the digits it reached the DiT recipe's 3-minute FID in under a third of the
@@ -21,7 +22,7 @@ from dit_trainer.plot import plot_loss  # noqa: F401 (tests and users found it h
 DEMO_OBJECTIVE = "transport"
 # Steps per objective. DiT: 1,400, 100% recognised with seeds 0 and 1 (as at 1,600). SiT: 1,200, which
 # leaves the end's 1,000 guided samples room within 3 minutes on two cores.
-DEMO_STEPS = {"diffusion": 1400, "transport": 1200}
+DEMO_STEPS = {"diffusion": 1400, "transport": 1200, "meanflow": meanflow_demo.STEPS}
 # The samples at the end: FID against all 1,797 real digits (digit network), the share a digit classifier
 # recognises, and the grid, all from one batch drawn as the run recommends (the `sample:` section).
 DEMO_FID_SAMPLES = 1000
@@ -96,7 +97,7 @@ def demo_config(out="outputs/demo", steps=None, seed=0, objective=DEMO_OBJECTIVE
         "logging": {"log_steps": 50, "image_steps": 0, "tensorboard": False, "sample_steps": 25,
                     "sample_cfg_scale": 4.0, "samples_per_class": 10},
         "sample": recommended_sampling(objective),
-    }
+    } | (meanflow_demo.settings(int(steps)) if objective == "meanflow" else {})
 
 
 def sampling_settings(out, num_samples, device, progress):
@@ -188,20 +189,62 @@ def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True
     # A finished run in `out` is resumed and sampled again without a step, and logs nothing.
     already_finished = not metrics and trainer.step >= cfg.train.max_steps
     num = int(fid_samples) if fid_samples else 10 * per_class
-    npz, sampled = draw_recommended(out, num, trainer.device, progress)
+    if objective == "meanflow":  # its own few-step sampler, at each of its step counts
+        npzs = draw_meanflow(out, num, trainer.device)
+        npz, sampling = npzs[meanflow_demo.SAMPLE_STEPS[0]], describe_meanflow()
+    else:
+        npz, sampled = draw_recommended(out, num, trainer.device, progress)
+        sampling = describe(sampled)
     grid = grid_of(npz, out / "samples.png", per_class)
-    family = "SiT" if objective == "transport" else "DiT"
+    family = {"transport": "SiT", "meanflow": "MeanFlow"}.get(objective, "DiT")
     loss_png = plot_loss(out / "metrics.jsonl", out / "loss.png", title=f"dit demo: {family} on scikit-learn digits")
     summary = {"samples": str(grid), "loss_plot": str(loss_png), "train_seconds": train_s, "steps": trainer.step,
-               "already_finished": already_finished, "sampling": describe(sampled), "num_samples": num}
+               "already_finished": already_finished, "sampling": sampling, "num_samples": num}
     if fid_samples:
         scores = measure(npz, trainer.device)
+        if objective == "meanflow":  # the further step counts' scores beside the first's
+            for k in meanflow_demo.SAMPLE_STEPS[1:]:
+                scores.update({f"{key}_{k}_steps": v for key, v in measure(npzs[k], trainer.device).items()
+                               if key in ("fid", "recognised")})
         summary.update(scores)
         logged = [r for r in read_metrics(out / "metrics.jsonl") if r.get("step") == trainer.step and "fid" in r]
         if not logged:  # once per run: a finished run sampled again logs nothing new
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": trainer.step, **scores, "sampling": summary["sampling"]}) + "\n")
     return summary
+
+
+def draw_meanflow(out, num_samples, device) -> dict:
+    """{steps: samples .npz} for each of the MeanFlow demo's step counts: `num_samples`, every class alike, from
+    the post-hoc EMA of its width rebuilt at the last step, by the objective's own sampler, unguided."""
+    import numpy as np
+
+    from dit_trainer import checkpoint
+    from dit_trainer.objective import build_objective
+    from dit_trainer.phema import reconstruct
+    from dit_trainer.sample.decode import load_decoder, to_images
+    from dit_trainer.sample.images import save_npz
+    from dit_trainer.sample.loading import load_model
+    from dit_trainer.sample.sampling import sample_latents
+
+    step = checkpoint.open(out).config().train.max_steps
+    (folder,) = reconstruct(out, [meanflow_demo.MAIN_STD], at_step=step)
+    model, cfg = load_model(folder)
+    model.to(device)
+    objective = build_objective(cfg)
+    labels = np.arange(num_samples) % model.num_classes
+    npzs = {}
+    for k in meanflow_demo.SAMPLE_STEPS:
+        x = sample_latents(model, objective, labels, cfg_scale=1.0, steps=k, seed=0, device=device)
+        images = to_images(x, *load_decoder(cfg, device=device))
+        npzs[k] = save_npz(Path(out) / f"samples_{k}step.npz", images, labels, settings={"steps": k, "ckpt": str(folder)})
+    return npzs
+
+
+def describe_meanflow() -> str:
+    """The MeanFlow demo's sampling, in words."""
+    steps = " and ".join(map(str, meanflow_demo.SAMPLE_STEPS))
+    return f"MeanFlow's sampler at {steps} steps, unguided, post-hoc EMA {meanflow_demo.MAIN_STD}"
 
 
 def describe(settings) -> str:
@@ -231,8 +274,9 @@ def add_commands(sub) -> None:
                         "grid's, unscored; --text: the captions of this many real digits (default all 1797), scored "
                         "for prompt following and FID")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--objective", choices=("diffusion", "transport"), default=DEMO_OBJECTIVE,
-                   help="interpolant transport (SiT, the default) or Gaussian diffusion (DiT)")
+    p.add_argument("--objective", choices=("diffusion", "transport", "meanflow"), default=DEMO_OBJECTIVE,
+                   help="interpolant transport (SiT, the default), Gaussian diffusion (DiT) or MeanFlow (sampled in "
+                        "1 and 2 steps)")
     p.set_defaults(func=run)
 
 
@@ -263,5 +307,7 @@ def run(args) -> int:
         print(f"FID against the real digits (digit network, {summary['fid_samples']} samples at step "
               f"{summary['steps']}): {summary['fid']:.2f} (precision {summary['precision']:.2f}, recall "
               f"{summary['recall']:.2f})")
+        for k in meanflow_demo.SAMPLE_STEPS[1:] if args.objective == "meanflow" else ():
+            print(f"at {k} steps: FID {summary[f'fid_{k}_steps']:.2f}, {summary[f'recognised_{k}_steps']:.1%} recognised")
     print(f"samples: {summary['samples']}\nloss curve: {summary['loss_plot']}")
     return 0

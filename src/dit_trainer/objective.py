@@ -2,7 +2,7 @@
 
 See docs/design.md, "objectives". An objective is built from the config by `build_objective(cfg)`,
 which reads `cfg.objective` ("diffusion" when absent). Implementations live in their packages
-(`diffusion/objective.py`, `transport/objective.py`) and are imported only when asked for, so this
+(`diffusion/objective.py`, `transport/objective.py`, `meanflow/objective.py`) and are imported only when asked for, so this
 module imports no torch and no objective package.
 """
 
@@ -16,6 +16,8 @@ class Objective:
     name = "objective"
     samplers: tuple = ()
     default_sampler = None
+    # Whether sampling may guide (classifier-free, autoguidance); False where guidance is trained in (MeanFlow).
+    guided_sampling = True
 
     def draw(self, n, sample_shape, generator, device):
         """Every per-sample random value of a step for the whole global batch, from `generator` only."""
@@ -28,6 +30,15 @@ class Objective:
     def loss(self, output, x, draws):
         """(n,) per-sample loss of the network's output, weights applied."""
         raise NotImplementedError
+
+    def losses(self, model_fn, x, draws):
+        """(n,) per-sample loss of one micro-batch, the network called through `model_fn(x_t, t, **kw)` (the
+        step's condition, dropout mask, routing and autocast held; float32 output).
+
+        The train step asks this, so an objective that needs more than one forward (MeanFlow's JVP) owns
+        the calls; by default one call on `model_input`, scored by `loss`."""
+        x_t, t = self.model_input(x, draws)
+        return self.loss(model_fn(x_t, t), x, draws)
 
     def observe(self, draws, losses):
         """Feed per-sample losses to a loss-aware t sampler; nothing by default."""
@@ -91,12 +102,24 @@ class Objective:
 _FACTORIES = {
     "diffusion": "dit_trainer.diffusion.objective:DiffusionObjective.from_config",
     "transport": "dit_trainer.transport.objective:TransportObjective.from_config",
+    "meanflow": "dit_trainer.meanflow.objective:MeanFlowObjective.from_config",
 }
+# Objectives whose network takes a second time input, the interval h (MeanFlow's t - r): the families
+# build its embedder for these alone, so every other run's model and state dict stay the release's.
+_INTERVAL = {"meanflow"}
 
 
-def register_objective(name: str, target: str) -> None:
-    """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted)."""
+def register_objective(name: str, target: str, interval: bool = False) -> None:
+    """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted); `interval`:
+    its network takes the interval h as a second time input."""
     register_target(_FACTORIES, name, target, "objective")
+    if interval:
+        _INTERVAL.add(name)
+
+
+def takes_interval(cfg) -> bool:
+    """Whether the model of `cfg` (a Config; a bare model section has no objective) embeds an interval h."""
+    return getattr(cfg, "objective", None) in _INTERVAL
 
 
 def list_objectives() -> list:

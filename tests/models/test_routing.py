@@ -131,6 +131,7 @@ def test_inference_uses_every_token(family):
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
 @pytest.mark.parametrize("family", ["dit", "large_dit"])
+@pytest.mark.usefixtures("scalar_kernels")
 def test_routing_under_per_block_compile_never_recompiles(family):
     """The kept count is fixed, so a fresh subset each step reuses the compiled blocks' graphs."""
     from torch._dynamo.utils import counters

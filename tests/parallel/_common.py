@@ -65,6 +65,8 @@ TINY_MODELS = {
     # Text-conditioned: cross-attention to TinyCaptions' padded captions, half of them dropped to the null caption.
     "pixart": ("diffusion", {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 48, "num_heads": 4,
                              "text_hidden_size": TinyCaptions.width}),
+    # MeanFlow: SiT with the interval input, the JVP in every step, guidance folded into the target.
+    "mf": ("meanflow", {"name": "SiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4}),
 }
 
 
@@ -199,8 +201,15 @@ OPTIONS = {
     "lognormal": ("dit", {"diffusion": {"timestep_sampler": "lognormal", "timestep_std": 1.5}}),
     "minsnr": ("dit", {"diffusion": {"loss_weighting": "min-snr", "min_snr_gamma": 2.0}}),
     "direction": ("sit", {"transport": {"t_sampler": "logit-normal", "direction_loss_weight": 0.5}}),
+    # MeanFlow's two JVP paths (tensor parallelism refuses it: DTensor has no forward-mode AD). norm_p 0.5:
+    # the default adaptive weight logs every loss as about 1, which would hide a layout's difference.
+    "mfseparate": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5}}),
+    "mfgraph": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "graph"}}),
 }
-LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS for name in ("fsdp", "tp")}
+# Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive.
+OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",)}
+LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
+                   for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 
 
 # PixArt's runs hold 8 captions out and validate at their checkpoints: every layout's validation loss is

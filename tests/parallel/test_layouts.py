@@ -22,9 +22,20 @@ RESUME_4 = [("fsdp_tp", "fsdp"), ("pp_fsdp", "tp"), ("hsdp", "pp_1f1b"), ("pp_in
 RESUME_1 = ["fsdp", "tp", "pp_gpipe", "ddp", "single_sharded"]
 
 
+# Trained in the session's one 2-rank launch (conftest.py's two_rank_runs).
+TWO_RANK_LAYOUTS = list(LAYOUTS_2)
+
+
+def two_rank_args(out):
+    """The session launch also shards a tiny T5 (test_text_encoder_sharded_over_fsdp reads what it wrote)."""
+    from tests.text_encoders._shard_check import write_assets
+
+    return ["--text-check", str(write_assets(out / "text-check-assets"))]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("layouts")
+def runs(two_rank_runs):
+    out = two_rank_runs
     with deterministic():
         _single_process(out / "reference")
         # One process with DCP checkpoints: the parallel trainer without a mesh.
@@ -34,10 +45,6 @@ def runs(tmp_path_factory):
         _single_process(out / "routed_reference", train=ROUTING)
         _single_process(out / "ldit_routed_reference", kind="ldit", train=ROUTING)
         _single_process(out / "pixart_reference", kind="pixart", **PIXART_SECTIONS)
-    from tests.text_encoders._shard_check import write_assets
-
-    text = write_assets(out / "text-check-assets")
-    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_2), "--text-check", text)
     resume = ",".join(f"{name}={out / src / 'checkpoints' / 'step-00000005'}" for name, src in RESUME_4)
     launch(4, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_4), "--resume", resume)
     for src in RESUME_1:

@@ -1,31 +1,30 @@
 """The objectives' training options (shaped timestep densities, min-SNR, the direction term) under
-FSDP and TP on gloo: every step's loss and gradient norm equal one process's, in one launch."""
-
-from pathlib import Path
+FSDP and TP on gloo, and MeanFlow's two JVP paths under DDP (two steps and more) and FSDP: every step's
+loss and gradient norm equal one process's."""
 
 import pytest
-from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, launch, read_losses,
+from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, read_losses,
                                     train_one_process)
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).parent / "_worker.py"
+# Trained in the session's one 2-rank launch (conftest.py's two_rank_runs).
+TWO_RANK_LAYOUTS = list(LAYOUTS_OPTIONS)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("options")
+def runs(two_rank_runs):
+    out = two_rank_runs
     with deterministic():
         for opt, (kind, sections) in OPTIONS.items():
             train_one_process(out / f"opt-{opt}_reference", kind=kind, **sections)
-    launch(2, WORKER, "--out", out, "--layouts", ",".join(LAYOUTS_OPTIONS))
     return out
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS_OPTIONS))
 def test_option_matches_single_process(runs, layout):
     reference = runs / f"{layout.split('_')[0]}_reference"
-    assert kind_of(layout) in ("dit", "sit")
+    assert kind_of(layout) in ("dit", "sit", "mf")
     for key in ("loss", "grad_norm"):
         ref, got = read_losses(reference, key), read_losses(runs / layout, key)
         assert sorted(got) == list(range(1, STEPS + 1))
@@ -35,7 +34,7 @@ def test_option_matches_single_process(runs, layout):
 
 def test_options_change_the_loss(runs):
     """Each option's run differs from the plain run of its model: the option reached the objective."""
-    for kind in ("dit", "sit"):
+    for kind in ("dit", "sit", "mf"):
         train_one_process(runs / f"plain_{kind}", kind=kind)
     for opt, (kind, _) in OPTIONS.items():
         assert read_losses(runs / f"opt-{opt}_reference")[1] != read_losses(runs / f"plain_{kind}")[1], opt

@@ -78,7 +78,8 @@ def test_stage_ranges():
 
 def _tiny(**kw):
     torch.manual_seed(0)
-    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=3, num_heads=4, num_classes=10, **kw)
+    # Blocks of tests/models/test_routing.py's width and heads: inductor's cache serves their compiled graph again.
+    model = DiT(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=3, num_heads=2, num_classes=10, **kw)
     for p in model.parameters():  # leave adaLN-Zero's identity start so that gradients are non-trivial
         torch.nn.init.normal_(p, std=0.05)
     return model
@@ -120,6 +121,7 @@ def test_selective_policy_saves_linear_outputs_and_recomputes_attention_matmuls(
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+@pytest.mark.usefixtures("scalar_kernels")
 def test_compile_composes_with_activation_checkpointing():
     from torch._dynamo.utils import counters
 
@@ -141,6 +143,7 @@ def test_compile_composes_with_activation_checkpointing():
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+@pytest.mark.usefixtures("scalar_kernels")
 def test_compiled_blocks_share_one_graph_and_never_recompile_for_a_new_batch():
     """A last partial batch or a doubled CFG batch must neither recompile nor fall back to eager."""
     from torch._dynamo.utils import counters
@@ -166,6 +169,7 @@ def test_compiled_blocks_share_one_graph_and_never_recompile_for_a_new_batch():
 
 
 @pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
+@pytest.mark.usefixtures("scalar_kernels")
 def test_activation_memory_budget_recomputes_instead_of_saving():
     """The budget is read while a block's graph compiles: under a lower one the compiled blocks save
     fewer bytes for the backward, and the gradients stay what they were."""

@@ -21,6 +21,7 @@ def _model():
     return model.eval()
 
 
+@pytest.mark.usefixtures("scalar_kernels")
 def test_compiled_sampling_matches_eager_without_recompiling():
     model = _model()
     eager = {n: sample_latents(model, None, list(range(n)), cfg_scale=4.0, sampler="ddim", steps=3, seed=1)

@@ -2,7 +2,7 @@
 compile-cache counters and the folder the trainer chose.
 
     python -m tests.train._compile_worker OUT [--steps N]   # a tiny compiled training run
-    python -m tests.train._compile_worker OUT --same-folder  # two widths' forwards forced into one folder
+    python -m tests.train._compile_worker OUT --steps 2 --then-wider  # then a wider model's step forced into OUT's folder
 """
 
 import argparse
@@ -35,37 +35,28 @@ def main():
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--hidden-size", type=int, default=32)
     p.add_argument("--compile-cache", default="auto")
-    p.add_argument("--same-folder", action="store_true")
+    p.add_argument("--then-wider", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
-    if args.same_folder:
-        return same_folder(args)
     trainer = DiTTrainer(config(args.out, args.hidden_size, args.steps, args.compile_cache), dataset=Latents())
     trainer.train()
-    print(json.dumps({"folder": str(trainer.compile_cache), "inductor": dict(counters["inductor"]),
-                      "aot_autograd": dict(counters["aot_autograd"])}))
+    got = {"folder": str(trainer.compile_cache), "inductor": dict(counters["inductor"]),
+           "aot_autograd": dict(counters["aot_autograd"])}
+    if args.then_wider:
+        got["other"] = wider(args, trainer.compile_cache)
+    print(json.dumps(got))
 
 
-def forward(trainer):
-    """The trainer's compiled blocks' forward, without grad (half the compile of a training step)."""
-    with torch.no_grad():
-        trainer.model.eval()(torch.randn(2, 4, 8, 8), torch.tensor([1, 500]), torch.tensor([3, 4]))
-
-
-def same_folder(args):
-    """Two widths compiled into one folder (the first's): inductor's own keys keep the second from the first's
-    entries, whatever folder it is pointed at."""
+def wider(args, folder):
+    """A wider model's training step compiled into `folder` (the first model's): inductor's own keys keep it
+    from the first model's entries, whatever folder it is pointed at."""
     from dit_trainer.train.compile_cache import HEADER_FOLDER_NAME, point_torch_at
 
-    first = DiTTrainer(config(args.out, args.hidden_size, 1, args.compile_cache), dataset=Latents())
-    forward(first)
-    before = dict(counters["inductor"])
     counters.clear()
     other = DiTTrainer(config(args.out + "-wider", args.hidden_size + 16, 1, args.compile_cache), dataset=Latents())
-    point_torch_at(first.compile_cache, first.compile_cache.parent / HEADER_FOLDER_NAME)
-    forward(other)
-    print(json.dumps({"folder": str(first.compile_cache), "inductor": before,
-                      "other": {"folder": str(other.compile_cache), "inductor": dict(counters["inductor"])}}))
+    point_torch_at(folder, folder.parent / HEADER_FOLDER_NAME)
+    other.train()
+    return {"folder": str(other.compile_cache), "inductor": dict(counters["inductor"])}
 
 
 def config(out, hidden_size, steps, compile_cache):

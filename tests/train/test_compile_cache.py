@@ -33,44 +33,45 @@ def _run(tmp_path, *args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-needs_cc = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="inductor needs a C compiler on CPU")
-
-
 def _nothing_outside(tmp_path):
     # Torch makes its default folder (empty) when it is imported; no file of the runs is outside the cache.
     assert not [p for p in (tmp_path / "tmp").rglob("*") if not p.is_dir()]
     assert not list((tmp_path / "home").rglob("*"))
 
 
-@needs_cc
-def test_a_restart_hits_the_compile_cache_in_the_run_folder(tmp_path):
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """(the test folder, a cold compiled run's counters, its restart's counters): the restart then compiles a wider
+    model's step into the first model's folder (its counters under "other")."""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("inductor needs a C compiler on CPU")
+    tmp_path = tmp_path_factory.mktemp("compile_cache")
     (tmp_path / "tmp").mkdir()
     (tmp_path / "home").mkdir()
     run = tmp_path / "run"
-    first = _run(tmp_path, run)
+    # The restart: resumed at step 1, its step 2 compiles the blocks' forward and backward again, from the cache.
+    return tmp_path, _run(tmp_path, run), _run(tmp_path, run, "--steps", 2, "--then-wider")
+
+
+def test_a_restart_hits_the_compile_cache_in_the_run_folder(compiled):
+    tmp_path, first, again = compiled
     folder = Path(first["folder"])
-    assert folder.parent == run / "compile_cache" and (folder / "key.json").is_file()
+    assert folder.parent == tmp_path / "run" / "compile_cache" and (folder / "key.json").is_file()
     assert first["inductor"].get("fxgraph_cache_miss", 0) >= 2 and "fxgraph_cache_hit" not in first["inductor"]
     assert any(p.suffix == ".so" for p in folder.rglob("*"))  # the compiled kernels are in the run's folder
-    # The restart: resumed at step 1, its step 2 compiles the blocks' forward and backward again, from the cache.
-    again = _run(tmp_path, run, "--steps", 2)
     assert again["folder"] == first["folder"]
     assert again["inductor"].get("fxgraph_cache_hit", 0) >= 2 and "fxgraph_cache_miss" not in again["inductor"]
     assert again["aot_autograd"].get("autograd_cache_hit", 0) >= 1
     _nothing_outside(tmp_path)
 
 
-@needs_cc
-def test_a_changed_model_never_hits_another_models_entries(tmp_path):
+def test_a_changed_model_never_hits_another_models_entries(compiled):
     """Our folders keep models apart (test below); inside one folder inductor's own keys do too: a wider
-    model's forward, forced into the first model's folder, misses every entry there."""
-    (tmp_path / "tmp").mkdir()
-    (tmp_path / "home").mkdir()
-    got = _run(tmp_path, tmp_path / "run", "--same-folder")
-    assert got["inductor"].get("fxgraph_cache_miss", 0) >= 1 and "fxgraph_cache_hit" not in got["inductor"]
-    other = got["other"]
-    assert other["folder"] != got["folder"]  # its own folder, left for the first model's
-    assert other["inductor"].get("fxgraph_cache_miss", 0) >= 1 and "fxgraph_cache_hit" not in other["inductor"]
+    model's step, forced into the folder where the first model's restart just hit every entry, misses them all."""
+    tmp_path, first, again = compiled
+    other = again["other"]
+    assert other["folder"] != first["folder"]  # its own folder, left for the first model's
+    assert other["inductor"].get("fxgraph_cache_miss", 0) >= 2 and "fxgraph_cache_hit" not in other["inductor"]
     _nothing_outside(tmp_path)
 
 

@@ -1,6 +1,7 @@
 """DiTTrainer: the RFC's unit and acceptance tests (DIT-UT-03, DIT-UT-05, DIT-AL-01, DIT-AL-03) and resume."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ from dit_trainer.train.metrics import read_metrics
 
 
 def test_rfc_flat_dict():
+    # A short run: `train.compile auto` leaves it eager (the default length would compile DiT-S/8, a minute on CPU).
     trainer = DiTTrainer({"model_name": "DiT-S/8", "weights_path": None, "lr": 1e-4, "weight_decay": 0,
-                          "num_timesteps": 1000, "input_size": 16, "num_classes": 10})
+                          "num_timesteps": 1000, "input_size": 16, "num_classes": 10, "max_steps": 10})
+    assert trainer.cfg.train.max_steps == 10
     assert isinstance(trainer.cfg, Config)
     assert trainer.cfg.model.name == "DiT-S/8"
     assert trainer.diffusion.num_timesteps == 1000
@@ -108,28 +111,32 @@ _RESUME_CASES = {
 
 @pytest.mark.parametrize("sampler", list(_RESUME_CASES))
 def test_resume_is_exact(tmp_path, sampler):
+    """A run resumed from the step-5 checkpoint of an uninterrupted 10-step run ends on its losses and weights:
+    mid-epoch (3 steps an epoch), past the warm-up, and through two more epochs."""
     data = write_npy_latents(tmp_path / "latents", n=24)
     case = dict(_RESUME_CASES[sampler])
     routing = case.pop("train", {})
 
-    def cfg(out, steps):
+    def cfg(out):
         return tiny_config(out, data={"path": str(data), "random_flip": True, "num_workers": 1}, **case,
-                           train={"max_steps": steps, "global_batch_size": 8, "grad_accum_steps": 2,
+                           train={"max_steps": 10, "global_batch_size": 8, "grad_accum_steps": 2,
                                   "mixed_precision": "bf16", **routing},
                            optim={"warmup_steps": 5, "max_grad_norm": 1.0},
-                           checkpoint={"save_steps": 10})
+                           checkpoint={"save_steps": 5})
 
-    straight = DiTTrainer(cfg(tmp_path / "a", 20))
+    straight = DiTTrainer(cfg(tmp_path / "a"))
     straight.train()
-    DiTTrainer(cfg(tmp_path / "b", 10)).train()
-    resumed = DiTTrainer(cfg(tmp_path / "b", 20))
+    # The interrupted run: the uninterrupted run's step-5 checkpoint, in a run folder of its own.
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step-00000005", tmp_path / "b" / "checkpoints" / "step-00000005")
+    resumed = DiTTrainer(cfg(tmp_path / "b"))
     resumed.train()
-    assert resumed.step == 20
+    assert resumed.step == 10
     _assert_same_weights(straight.model, resumed.model)
     _assert_same_weights(straight.ema, resumed.ema)
     a = read_metrics(tmp_path / "a" / "metrics.jsonl")
     b = read_metrics(tmp_path / "b" / "metrics.jsonl")
-    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["step"] for r in b] == list(range(6, 11))
+    assert [r["loss"] for r in a if r["step"] > 5] == [r["loss"] for r in b]
 
 
 def test_checkpoints_rotate_and_are_atomic(tmp_path):

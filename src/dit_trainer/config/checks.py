@@ -9,6 +9,7 @@ import math
 
 from dit_trainer.config.guide_spec import PHEMA_MAX_STD, keep_eval_guide, parse_guide
 from dit_trainer.errors import ConfigError
+from dit_trainer.meanflow.config import check_meanflow
 from dit_trainer.repa.config import check_repa
 
 # (key, test, what is allowed). Tests are written so that NaN fails them.
@@ -194,6 +195,7 @@ def check_values(cfg) -> None:
         raise ConfigError(f"sample.steps is {s.steps!r}; it must be a positive integer")
     check_phema_stds(cfg)
     check_repa(cfg)
+    check_meanflow(cfg)
     check_validation(cfg)
     classes = cfg.logging.sample_classes
     if classes is not None and not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c for c in classes):

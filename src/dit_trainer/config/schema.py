@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from dit_trainer.meanflow.config import MeanFlowConfig
 from dit_trainer.repa.config import RepaConfig
 from dit_trainer.transport.config import TransportConfig
 
@@ -185,11 +186,12 @@ class ParallelConfig:
 @dataclass
 class Config:
     output_dir: str = "outputs/run"  # where checkpoints, metrics and samples go
-    objective: str = "auto"  # auto | diffusion | transport: what the model learns and how it samples; auto: what the model's releases used (transport for SiT, else diffusion)
+    objective: str = "auto"  # auto | diffusion | transport | meanflow: what the model learns and how it samples; auto: what the model's releases used (transport for SiT, else diffusion); meanflow: one- and few-step generation (the meanflow: section)
     backend: str = "torch"  # torch | mindspore (the `mindspore` extra; DiT with the diffusion objective)
     model: ModelConfig = field(default_factory=ModelConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    meanflow: MeanFlowConfig = field(default_factory=MeanFlowConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

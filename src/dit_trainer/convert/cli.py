@@ -35,14 +35,23 @@ def add_commands(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def check_guide(args) -> None:
-    """Refuse in one line to drop a run's autoguidance guide silently: a DiTPipeline folder holds one transformer."""
+def check_export(args) -> None:
+    """Refuse in one line to drop a run's autoguidance guide silently (a DiTPipeline folder holds one transformer),
+    and to export a MeanFlow run, which no diffusers pipeline samples."""
     from dit_trainer import checkpoint
     from dit_trainer.errors import ConfigError
 
-    if args.src_format != "ours" or args.dst_format not in ("diffusers", "ppdiffusers") or args.without_guide:
+    if args.src_format != "ours" or args.dst_format not in ("diffusers", "ppdiffusers"):
         return
     cfg = checkpoint.open(args.src, flag="SRC").config()
+    if cfg is not None and getattr(cfg, "objective", None) == "meanflow":
+        # Its network takes a second time input and its sampler steps an average velocity: a DiTPipeline's
+        # transformer and schedulers would load it and sample something else.
+        raise ConfigError(f"{args.src} is a MeanFlow run (objective meanflow), and no custom {args.dst_format} pipeline "
+                          "for MeanFlow is written (DiTPipeline's transformer has no interval input, its schedulers no "
+                          "MeanFlow step); sample it with dit sample or dit_trainer's DiTPipeline")
+    if args.without_guide:
+        return
     if cfg is not None and cfg.sample.guide is not None:
         raise ConfigError(f"{args.src} samples with autoguidance (sample.guide {cfg.sample.guide}), and a "
                           f"{args.dst_format} DiTPipeline folder holds one transformer; pass --without-guide to export "
@@ -74,7 +83,7 @@ def run(args) -> int:
     from dit_trainer.convert import convert
 
     check_paths(args.src, args.out, args.overwrite)
-    check_guide(args)
+    check_export(args)
     out, bundle = convert(args.src_format, args.src, args.dst_format, args.out, model=args.model, vae=args.vae,
                           num_heads=args.num_heads, convention=args.timestep_convention, overwrite=args.overwrite,
                           text_encoder=args.text_encoder)

@@ -32,6 +32,20 @@ def _read_any(path, vae=None, model=None):
     return read("ours", root, model=model, vae=vae)
 
 
+def _objective_of(path):
+    """The objective of a run or checkpoint folder's config.yaml; None for any other path."""
+    from dit_trainer import checkpoint
+
+    root = Path(path)
+    if root.is_file() or (root / "model_index.json").is_file():
+        return None
+    try:
+        cfg = checkpoint.open(root).config()
+    except Exception:  # not a run of ours: the readers below say what it is not
+        return None
+    return getattr(cfg, "objective", None)
+
+
 def _seed_from(generator, shape) -> int:
     """The seed `sample_latents` draws the same starting noise from as diffusers does from `generator`.
 
@@ -70,6 +84,11 @@ class DiTPipeline:
 
         if not Path(path).exists():
             raise ConfigError(f"{path} does not exist; pass a run folder, a converted folder or a DiTPipeline folder")
+        if model is None and _objective_of(path) == "meanflow":  # no export format holds it: its run, as sampled
+            from dit_trainer.sample.loading import load_model
+
+            net, cfg = load_model(path)
+            return cls(net.to(device), cfg, load_decoder(cfg, vae, device=device), None, device)
         bundle = _read_any(path, vae, model)
         model = build_dit(bundle.model)
         model.load_state_dict(bundle.state_dict, strict=True)
@@ -98,6 +117,15 @@ class DiTPipeline:
 
             encoder = run_text_encoder(cfg, device=device)
         return cls(model, cfg, decoder, names, device, encoder)
+
+    def _defaults(self, steps, guidance_scale):
+        """(steps, guidance scale) where not given: 25 and 4, or a MeanFlow run's own (its sample: steps or
+        None for meanflow.steps, and 1)."""
+        if getattr(self.cfg, "objective", None) == "meanflow":
+            sample = getattr(self.cfg, "sample", None)
+            steps = steps if steps is not None else getattr(sample, "steps", None)
+            return (None if steps is None else int(steps)), (1.0 if guidance_scale is None else guidance_scale)
+        return int(25 if steps is None else steps), (4.0 if guidance_scale is None else guidance_scale)
 
     def _guide(self, guide):
         """The guide's model, checked against this pipeline's: a DiTPipeline, or a folder one loads from."""
@@ -130,13 +158,15 @@ class DiTPipeline:
         return resolve_labels(labels, self.class_names, self.model.num_classes)
 
     @torch.no_grad()
-    def __call__(self, class_labels=None, num_inference_steps=25, guidance_scale=4.0, generator=None, seed=None,
+    def __call__(self, class_labels=None, num_inference_steps=None, guidance_scale=None, generator=None, seed=None,
                  sampler=None, output_type="pil", progress=False, compile=False, guidance_interval=None, guide=None,
                  guide_scale=1.0, prompt=None, negative_prompt=None):
         """Images for `class_labels` (ids or names), or a text model's `prompt` (a string or a list, guided away
         from `negative_prompt`, default ""): a list of PIL images, or N×H×W×C floats in [0, 1].
 
-        `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT).
+        `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT), MeanFlow's
+        for a MeanFlow run. `num_inference_steps` defaults to 25, `guidance_scale` to 4; a MeanFlow run samples
+        in its `sample:` section's steps (else meanflow.steps, 1) and unguided (its guidance is trained in).
 
         `guidance_interval=(sigma_lo, sigma_hi)` guides only where the noise level sigma lies in
         (sigma_lo, sigma_hi] (EDM's sigma; None: every step). `guide` (a DiTPipeline or a folder it loads
@@ -149,12 +179,13 @@ class DiTPipeline:
 
         if output_type not in ("pil", "np"):
             raise ConfigError(f"output_type {output_type!r} is not 'pil' or 'np'")
+        num_inference_steps, guidance_scale = self._defaults(num_inference_steps, guidance_scale)
         guide_model = self._guide(guide) if guide is not None and float(guide_scale) != 1.0 else None
         rows = self._rows(class_labels, prompt, negative_prompt)
         if generator is not None:
             size = self.model.input_size
             seed = _seed_from(generator, (len(rows), self.model.in_channels, size, size))
-        kw = dict(cfg_scale=guidance_scale, sampler=sampler, steps=int(num_inference_steps), seed=int(seed or 0),
+        kw = dict(cfg_scale=guidance_scale, sampler=sampler, steps=num_inference_steps, seed=int(seed or 0),
                   device=self.device, progress=progress, compile=compile, guidance_interval=guidance_interval,
                   guide=guide_model, guide_scale=float(guide_scale))
         if self.text_encoder is None:

@@ -12,8 +12,17 @@ equal the forward's, merges them and keeps the probabilities, unless the trainer
 budget (`train.activation_memory_budget` 0.6 or lower at DiT-S/2) makes it recompute them.
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# The SDPA kernels a Jacobian-vector product may go through: the fused ones have no forward-mode
+# derivative, SDPA's math kernel has (equal to hand-written attention to 1e-6); on a GPU,
+# benchmarks/gpu_check.sh measures which fused kernel, if any, takes a JVP and how fast.
+FORWARD_AD_BACKENDS = (SDPBackend.MATH,)
+_forward_ad = False  # inside forward_ad_attention(): no custom autograd Function, SDPA's math kernel
 
 
 class MatmulAttention(torch.autograd.Function):
@@ -52,10 +61,24 @@ def use_matmul_kernel(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
+@contextlib.contextmanager
+def forward_ad_attention():
+    """Attention that forward-mode AD (torch.func.jvp) differentiates: FORWARD_AD_BACKENDS' SDPA kernels, and
+    not `MatmulAttention`, which has a backward only."""
+    global _forward_ad
+    was = _forward_ad
+    _forward_ad = True
+    try:
+        with sdpa_kernel(list(FORWARD_AD_BACKENDS)):
+            yield
+    finally:
+        _forward_ad = was
+
+
 def attention(q, k, v, enable_gqa=False, mask=None):
     """softmax(q kᵀ/√d) v over (B, H, N, d) tensors; GQA repeats kv heads as SDPA does. `mask`: a
     boolean tensor broadcasting to (B, H, N, M), False for keys a query must not see (a caption's padding)."""
-    if not use_matmul_kernel(q):
+    if _forward_ad or not use_matmul_kernel(q):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
     if enable_gqa and k.shape[1] != q.shape[1]:
         repeat = q.shape[1] // k.shape[1]

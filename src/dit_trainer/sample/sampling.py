@@ -123,6 +123,9 @@ def sample_conditioned(model, objective_or_cfg, condition, cond, uncond=None, cf
 
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
+    if not objective.guided_sampling and (float(cfg_scale) != 1 or (guide is not None and float(guide_scale) != 1)):
+        raise ConfigError(f"objective {objective.name} samples unguided: its guidance is trained in (meanflow.omega, "
+                          "meanflow.kappa); sample with a cfg scale of 1 and no guide")
     if compile:
         from dit_trainer.sample.compile import compile_model
 
@@ -178,6 +181,8 @@ def sample_grid(model, objective, cfg, path, device="cpu", classes=None, per_cla
     classes = resolve_labels(classes, dataset_class_names(cfg, model.num_classes), model.num_classes)
     per_class = int(per_class or log.samples_per_class)
     scale = log.sample_cfg_scale if cfg_scale is None else cfg_scale
+    if cfg_scale is None and not getattr(objective, "guided_sampling", True):
+        scale = 1.0  # guidance trained in (MeanFlow): the grid's default scale does not apply
     if not has_null_class(model):
         scale = 1.0  # guidance needs the null class that label dropout trains
     samples = sample_latents(model, objective, [c for c in classes for _ in range(per_class)], cfg_scale=scale,

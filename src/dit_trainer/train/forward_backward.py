@@ -1,8 +1,9 @@
 """The loss of one step's share of the global batch, with its gradients: `ForwardBackward`.
 
-A train step is `x_t, t = objective.model_input(x, draws)`, `out = model(x_t, t, **cond)` (the
-condition's keyword arguments, dropout applied: `y` and `force_drop_ids` for class labels),
-`loss = objective.loss(out, x, draws).mean()`, backward; split into micro-batches with
+A train step is `loss = objective.losses(model_fn, x, draws).mean()` (by default `x_t, t =
+objective.model_input(x, draws)`, `objective.loss(model_fn(x_t, t), x, draws)`; `model_fn` a `StepModel`
+calling `model(x_t, t, **cond)` with the condition's keyword arguments, dropout applied (`y` and
+`force_drop_ids` for class labels), under the run's autocast), backward; split into micro-batches with
 `train.grad_accum_steps`, or run by the pipeline schedule, which carries `x` and the draws to the
 last stage as its target (the last stage computes the single-process loss per micro-batch).
 """
@@ -14,7 +15,7 @@ from torch._functorch import config as functorch_config
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.parallel.pipeline_parallel import TargetPacking, pipeline_step
-from dit_trainer.repa.objective import as_float
+from dit_trainer.train.step_model import StepModel
 
 
 class ForwardBackward:
@@ -43,17 +44,18 @@ class ForwardBackward:
             stack.enter_context(functorch_config.patch(activation_memory_budget=self.memory_budget))
         return stack
 
-    def loss_and_grads(self, x, cond, draws, route=None) -> torch.Tensor:
+    def loss_and_grads(self, x, cond, draws, route=None, held=None) -> torch.Tensor:
         """The step's mean loss (on the device), gradients accumulated into the parameters; `cond`: the
         model's keyword arguments (`Condition.drop` applied), each (B, ...); `route`: the token routing
-        of this rank's images (models.routing.TokenRoute) or None."""
+        of this rank's images (models.routing.TokenRoute) or None; `held`: the condition before dropout
+        (a step_model.HeldCondition), for an objective that calls the network with other masks."""
         for part in self.model_parts:
             part.train()
         if self.pipeline:
             return self._pipelined(x, cond, draws)  # preflight refuses routing under PP
-        return self._accumulated(x, cond, draws, route)
+        return self._accumulated(x, cond, draws, route, held)
 
-    def _accumulated(self, x, cond, draws, route=None):
+    def _accumulated(self, x, cond, draws, route=None, held=None):
         (model,) = self.model_parts
         local = x.shape[0]
         accum = self.grad_accum_steps
@@ -64,15 +66,15 @@ class ForwardBackward:
             sl = slice(m * local // accum, (m + 1) * local // accum)
             part = {k: v[sl] for k, v in draws.items()}
             with self._no_sync(m < accum - 1):
-                x_t, t = self.objective.model_input(x[sl], part)
                 # Autocast only the network; the objective's arithmetic around it stays in float32.
                 # Only a routed run passes `route`: a registered model need not know the keyword.
                 routed = {} if route is None else {"route": route.part(sl)}
                 if getattr(self.objective, "wants_features", False):
                     routed["repa"] = True  # (output, projected tokens) for REPA's term
-                with self.forward_context():
-                    out = model(x_t, t, **{k: v[sl] for k, v in cond.items()}, **routed)
-                losses = self.objective.loss(as_float(out), x[sl], part)
+                # The objective calls the network (once, or for MeanFlow's JVP more often) through this.
+                model_fn = StepModel(model, {k: v[sl] for k, v in cond.items()}, self.forward_context, routed,
+                                     None if held is None else held.part(sl))
+                losses = self.objective.losses(model_fn, x[sl], part)
                 self.objective.observe(part, losses.detach())
                 loss = losses.mean() / accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()

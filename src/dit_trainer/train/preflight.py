@@ -66,6 +66,10 @@ def check_layout(cfg, dims) -> None:
     if (dims.tp_enabled or dims.pp_enabled) and cfg.diffusion.timestep_sampler == "loss-second-moment" and cfg.objective == "diffusion":
         # Its loss history gathers every rank's batch: TP/PP peers would count samples twice.
         raise ConfigError("diffusion.timestep_sampler loss-second-moment is not supported with parallel.tp/pp > 1; use uniform")
+    if cfg.objective == "meanflow" and cfg.meanflow.jvp == "graph" and dims.ddp_enabled:
+        # Measured on torch 2.13: the first step trains, the second fails in the reducer's bucket rebuild.
+        raise ConfigError("meanflow.jvp graph does not run under DDP (parallel.dp_replicate > 1 without shards): its "
+                          "second step fails; use meanflow.jvp separate, or FSDP (parallel.dp_shard)")
     local = dims.local_batch_size(cfg.train.global_batch_size)
     if local % cfg.train.grad_accum_steps:  # checked before the run folder is touched
         raise ConfigError(f"per-rank batch {local} is not divisible by train.grad_accum_steps {cfg.train.grad_accum_steps}")

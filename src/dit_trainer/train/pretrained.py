@@ -157,11 +157,13 @@ def new_label_table(table: torch.Tensor, rows: int) -> torch.Tensor:
 def load_pretrained(model, spec, state_dict: dict, source, log: bool = True) -> None:
     """Load `state_dict` into `model`; where only the class count differs, the label embedding starts anew."""
     from dit_trainer.checkpoint import load_into
+    from dit_trainer.models.interval import fit_interval
     from dit_trainer.repa.attach import fit_projector
 
     if spec.adopt_weights_fn is not None:  # another family's weights of this shape (a PixArt from a DiT)
         state_dict = spec.adopt_weights_fn(model, state_dict, source, log=log)
-    state_dict = fit_projector(model, state_dict)
+    # A flow model's weights start a MeanFlow model with its zero interval embedding: at step 0 it is that flow model.
+    state_dict = fit_interval(model, fit_projector(model, state_dict))
     key = spec.label_embedding
     want = model.state_dict().get(key)
     have = state_dict.get(key)

@@ -24,6 +24,7 @@ from dit_trainer.devices import enable_tf32, resolve_device
 from dit_trainer.errors import CheckpointError, ConfigError
 from dit_trainer.fs import write_error_text
 from dit_trainer.models import get_spec
+from dit_trainer.models.interval import check_interval
 from dit_trainer.models.routing import TokenRouting
 from dit_trainer.objective import build_objective
 from dit_trainer.parallel.dims import init_distributed
@@ -42,6 +43,7 @@ from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
 from dit_trainer.train.signals import StopSignals
+from dit_trainer.train.step_model import HeldCondition
 from dit_trainer.train.update import GuardedUpdate
 from dit_trainer.train.validation import Validation, draw_grid
 from dit_trainer.vae.latent_stats import device_stats, normalize
@@ -76,6 +78,7 @@ class DiTTrainer:
 
         self.spec = get_spec(cfg.model.name)
         model = self.spec.build_model_fn(cfg)
+        check_interval(model, cfg, self.spec.name)  # MeanFlow's second time input, in the families that have one
         if cfg.model.weights_path:
             load_pretrained(model, self.spec, pretrained.state_dict, cfg.model.weights_path, log=self.is_main)
         model.to(self.device)
@@ -186,7 +189,7 @@ class DiTTrainer:
 
     def _prepare(self, batch):
         """This rank's x and condition (the model's keyword arguments, dropped rows made unconditional)
-        on the device, and its slice of the global batch's randomness.
+        on the device, its slice of the global batch's randomness, and the condition before dropout.
 
         The objective's draws, the condition's dropout mask and the token routing (when on) are drawn
         for the whole global batch on the CPU, in that order; the order is part of the contract that
@@ -204,7 +207,8 @@ class DiTTrainer:
         route = self.routing.draw(n, self.generator).part(slice(lo, lo + local), self._to_device) if self.routing else None
         if self.alignment is not None:  # the encoder's targets of this rank's images: no randomness
             self.alignment.add_targets(batch, x, draws)
-        return x, self.condition.drop(cond, self._to_device(drop[lo:lo + local])), draws, route
+        drop = self._to_device(drop[lo:lo + local])  # the undropped condition too: MeanFlow guides with other masks
+        return x, self.condition.drop(cond, drop), draws, route, HeldCondition(self.condition, cond, drop)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cpu":
@@ -215,9 +219,9 @@ class DiTTrainer:
     def queue_step(self, batch) -> torch.Tensor:
         """One optimizer step on this rank's share of a global batch, without waiting for its results
         where the device can check them itself; returns the rank's loss (a device tensor)."""
-        x, cond, draws, route = self._prepare(batch)
+        x, cond, draws, route, held = self._prepare(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_backward.loss_and_grads(x, cond, draws, route)
+        loss = self.forward_backward.loss_and_grads(x, cond, draws, route, held)
         self.update.apply_or_skip(loss, stop=self._stop is not None, done=self.step)
         self.step += 1
         return loss

@@ -13,6 +13,7 @@ import torch.nn as nn
 from dit_trainer.models.dit.sizes import PATCHES, swiglu_width
 from dit_trainer.models.dit.sizes import SIZES as _SIZES
 from dit_trainer.models.guidance import guided_forward
+from dit_trainer.models.interval import add_interval, zero_interval_embedding
 from dit_trainer.models.layers import (Attention, FeedForward, Mlp, PatchEmbed, block_norm, init_backbone, set_io,
                                        timestep_embedding, unpatchify)
 from dit_trainer.models.routing import run_blocks
@@ -130,6 +131,7 @@ class DiT(nn.Module):
         mlp="gelu",
         rope=False,
         qk_norm=False,
+        interval_embedding=False,
     ):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
@@ -148,6 +150,10 @@ class DiT(nn.Module):
             [DiTBlock(hidden_size, num_heads, mlp_ratio=mlp_ratio, mlp_norm_eps=mlp_norm_eps, **options)
              for _ in range(depth)])
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, norm=norm)
+        if interval_embedding:
+            # MeanFlow's second time input, the interval h = t - r, embedded like t and added to c; absent
+            # otherwise, so every other model's state dict is the release's.
+            self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
         self.initialize_weights()
 
     def initialize_weights(self):
@@ -156,6 +162,7 @@ class DiT(nn.Module):
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        zero_interval_embedding(self)
 
         for block in self.blocks:
             nn.init.constant_(block.adaLN_modulation[-1].weight, 0)
@@ -170,26 +177,28 @@ class DiT(nn.Module):
         # self.patch_size, not the embedder's: a later pipeline stage holds no embedder.
         return unpatchify(x, self.patch_size, self.out_channels)
 
-    def embed(self, x, t, y, force_drop_ids=None):
-        """Input stage: patch tokens with positions, and the conditioning vector c = t + y."""
+    def embed(self, x, t, y, force_drop_ids=None, h=None):
+        """Input stage: patch tokens with positions, and the conditioning vector c = t + y (+ h's embedding
+        in a model built with `interval_embedding`; h None is 0)."""
         tokens = self.x_embedder(x) + self.pos_embed
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
-        return tokens, c
+        return tokens, add_interval(self, c, t, h)
 
     def head(self, tokens, c):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False):
+    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False, h=None):
         """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class; the trainer draws it from
         its own seeded generator so that every parallel layout drops the same labels. `route`
         (a `TokenRoute`, training only) sends a subset of the tokens through a span of blocks.
         `repa` (a model built with repa.enabled) also returns the projected tokens of block
-        `repa_depth`: (output, projected).
+        `repa_depth`: (output, projected). `h` (B,): MeanFlow's interval t - r, for a model built with
+        `interval_embedding` (None: 0, where the model is its flow model).
         """
-        tokens, c = self.embed(x, t, y, force_drop_ids)
+        tokens, c = self.embed(x, t, y, force_drop_ids, h)
         route = route if self.training else None
         if repa:
             tokens, hidden = run_blocks(self.blocks, tokens, c, route, rotary=self.rope, capture=aligned_depth(self))

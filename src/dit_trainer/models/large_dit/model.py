@@ -12,12 +12,14 @@ import torch.nn as nn
 from dit_trainer.models.dit.model import LabelEmbedder
 from dit_trainer.models.dit.model import TimestepEmbedder as _DiTTimestepEmbedder
 from dit_trainer.models.guidance import guided_forward
+from dit_trainer.models.interval import add_interval, zero_interval_embedding
 from dit_trainer.models.layers import set_io, unpatchify
 from dit_trainer.models.large_dit.config import LargeDiTConfig, check_sizes
 from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, cond_dim
 from dit_trainer.models.large_dit.sizes import SIZES
 from dit_trainer.models.routing import run_blocks
 from dit_trainer.models.spec import build_kwargs
+from dit_trainer.objective import takes_interval
 from dit_trainer.repa.attach import aligned_depth, attach_projector, project
 
 
@@ -49,6 +51,7 @@ class DiT_Llama(nn.Module):
         num_classes=1000,
         learn_sigma=True,
         qk_norm=False,
+        interval_embedding=False,
     ):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
@@ -64,6 +67,8 @@ class DiT_Llama(nn.Module):
             for i in range(n_layers)
         )
         self.final_layer = FinalLayer(dim, patch_size, self.out_channels)
+        if interval_embedding:  # MeanFlow's interval h = t - r (models/interval.py); absent otherwise
+            self.h_embedder = TimestepEmbedder(cond_dim(dim))
         self.init_weights()
 
     @property
@@ -92,6 +97,7 @@ class DiT_Llama(nn.Module):
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
         nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        zero_interval_embedding(self)
         for layer in self._iter_layers():
             nn.init.zeros_(layer.adaLN_modulation[-1].weight)
             nn.init.zeros_(layer.adaLN_modulation[-1].bias)
@@ -117,25 +123,26 @@ class DiT_Llama(nn.Module):
         """(B, T, p·p·C_out) -> (B, C_out, H, W); output features are (p, p, C) ordered."""
         return unpatchify(x, self.patch_size, self.out_channels)
 
-    def embed(self, x, t, y, force_drop_ids=None):
-        """Input stage: patch tokens and the conditioning vector c = t_emb + y_emb."""
+    def embed(self, x, t, y, force_drop_ids=None, h=None):
+        """Input stage: patch tokens and the conditioning vector c = t_emb + y_emb (+ h_emb with an interval)."""
         tokens = self.x_embedder(self.patchify(x))
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
-        return tokens, c
+        return tokens, add_interval(self, c, t, h)
 
     def head(self, tokens, c):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False):
+    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False, h=None):
         """x: (B, C, H, W), t: (B,), y: (B,) -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class, drawn by the trainer.
         `route` (a `TokenRoute`, training only) sends a subset of the tokens through a span of
         layers, each token rotated by its own position. `repa` (a model built with repa.enabled)
-        also returns the projected tokens of layer `repa_depth`: (output, projected).
+        also returns the projected tokens of layer `repa_depth`: (output, projected). `h` (B,): MeanFlow's
+        interval, for a model built with `interval_embedding` (None: 0).
         """
-        tokens, c = self.embed(x, t, y, force_drop_ids)
+        tokens, c = self.embed(x, t, y, force_drop_ids, h)
         route = route if self.training else None
         if repa:
             tokens, hidden = run_blocks(self._iter_layers(), tokens, c, route, rotary=True, capture=aligned_depth(self))
@@ -178,4 +185,4 @@ def build_large_dit(cfg, size):
         if options[key] is None:  # None keeps the named size's value
             options[key] = value
     check_sizes(options["dim"], options["n_heads"], options["n_kv_heads"])
-    return attach_projector(DiT_Llama(**shared, **options), cfg)
+    return attach_projector(DiT_Llama(**shared, **options, interval_embedding=takes_interval(cfg)), cfg)

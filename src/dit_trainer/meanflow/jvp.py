@@ -1,0 +1,26 @@
+"""du/dt of the network along the flow: one Jacobian-vector product with tangents (v, 1, 0) on (z, t, r).
+
+Two paths. `graph` (py-meanflow's): the prediction u that the loss regresses comes out of the JVP itself,
+its backward through the JVP's primal: one forward fewer, but DDP's reducer fails at the second step
+(its bucket rebuild meets the JVP's tensors without storage). `separate`: the JVP under no_grad gives only
+du/dt, and the loss's u comes from an ordinary forward, so the backward is any train step's and every
+layout (DDP, FSDP, AC, compile) runs it as it runs flow matching. Under `train.compile` the JVP itself runs
+eager. Tensor parallelism cannot run either: DTensor's autograd Functions have no forward derivative. Attention goes through a kernel that
+forward-mode AD differentiates (`models.attention.forward_ad_attention`).
+"""
+
+import torch
+
+from dit_trainer.models.attention import forward_ad_attention
+
+
+def time_derivative(u_fn, z, t, r, v, graph: bool = False):
+    """(u, du/dt) of u_fn(z, t, r) along (v, 1, 0); with `graph` u keeps its autograd graph, else neither does."""
+    tangents = (v, torch.ones_like(t), torch.zeros_like(r))
+    # Compiled blocks run eager inside the JVP: dynamo cannot trace torch.func.jvp over a compiled function
+    # called from eager (pytorch#128711), and each attempt would cost a compile that is then thrown away.
+    with forward_ad_attention(), torch.compiler.set_stance("force_eager"):
+        if graph:
+            return torch.func.jvp(u_fn, (z, t, r), tangents)
+        with torch.no_grad():
+            return torch.func.jvp(u_fn, (z, t, r), tangents)

@@ -1,0 +1,20 @@
+import pytest
+
+from tests.parallel._common import launch
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(request, tmp_path_factory):
+    """The run folders of every 2-rank layout that this session's test files here name (their module-level
+    TWO_RANK_LAYOUTS; their two_rank_args(out) adds worker arguments), trained by tests/parallel/_worker.py in one
+    launch: starting a launch is the slow part."""
+    from pathlib import Path
+
+    modules = {item.module for item in request.session.items if item.module is not None}
+    layouts = dict.fromkeys(name for module in sorted(modules, key=lambda m: m.__name__)
+                            for name in getattr(module, "TWO_RANK_LAYOUTS", ()))
+    out = tmp_path_factory.mktemp("two_ranks")
+    extra = [arg for module in sorted(modules, key=lambda m: m.__name__) if hasattr(module, "two_rank_args")
+             for arg in module.two_rank_args(out)]
+    launch(2, Path(__file__).parent / "_worker.py", "--out", out, "--layouts", ",".join(layouts), *extra)
+    return out
