@@ -257,16 +257,22 @@ def describe(settings) -> str:
 def add_commands(sub) -> None:
     """Register `dit demo`."""
     p = sub.add_parser("demo", help="train a small DiT-shaped SiT on scikit-learn's digits and draw a sample grid "
-                                    "(CPU, minutes)")
+                                    "(CPU, minutes); --text: a small PixArt on the digits captioned by what they show")
+    p.add_argument("--text", action="store_true",
+                   help="text-conditioned: a PixArt learns the digits from captions of their name, stroke weight and "
+                        "slant (some combinations held out), a tiny frozen T5 encoding them; scores prompt following")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"training steps (default: {DEMO_STEPS['transport']} as SiT, {DEMO_STEPS['diffusion']} as DiT)")
-    p.add_argument("--out", default="outputs/demo", help="output folder")
+                   help=f"training steps (default: {DEMO_STEPS['transport']} as SiT, {DEMO_STEPS['diffusion']} as DiT; "
+                        "--text: 700)")
+    p.add_argument("--out", default=None, help="output folder (default: outputs/demo, --text: outputs/demo_text)")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, training noise and weights (the samples at "
                                                        "the end start from the same noise for every seed)")
-    p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid")
-    p.add_argument("--fid-samples", type=int, default=DEMO_FID_SAMPLES,
-                   help="samples drawn at the end as the run recommends, scored (FID against the real digits with "
-                        "the digit network, precision, recall, recognised); 0: only the grid's, unscored")
+    p.add_argument("--per-class", type=int, default=10, help="samples per digit in the grid (--text: per prompt)")
+    p.add_argument("--fid-samples", type=int, default=None,
+                   help=f"samples drawn at the end as the run recommends, scored (FID against the real digits with "
+                        f"the digit network, precision, recall, recognised; default {DEMO_FID_SAMPLES}); 0: only the "
+                        "grid's, unscored; --text: the captions of this many real digits (default all 1797), scored "
+                        "for prompt following and FID")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--objective", choices=("diffusion", "transport", "meanflow"), default=DEMO_OBJECTIVE,
                    help="interpolant transport (SiT, the default), Gaussian diffusion (DiT) or MeanFlow (sampled in "
@@ -276,6 +282,12 @@ def add_commands(sub) -> None:
 
 def run(args) -> int:
     """Run the demo and say where its pictures are."""
+    if args.text:
+        from dit_trainer.demo_text import run as run_text
+
+        return run_text(args)
+    args.out = "outputs/demo" if args.out is None else args.out
+    args.fid_samples = DEMO_FID_SAMPLES if args.fid_samples is None else args.fid_samples
     if args.fid_samples != 0 and args.fid_samples < 10:
         raise ConfigError(f"--fid-samples is {args.fid_samples}; the scores need at least 10 samples (0: none)")
     steps = demo_steps(args.objective, args.steps)

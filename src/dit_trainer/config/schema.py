@@ -48,14 +48,14 @@ class DiffusionConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # latents (shards from dit extract, .npy folder, fast-DiT features), an image folder (encoded as read, into a latent cache) or "digits"
+    path: Optional[str] = None  # latents (shards from dit extract, .npy folder, fast-DiT features), an image folder (encoded as read, into a latent cache) or "digits" (with data.text_encoder: the digits captioned by what they show, the text demo's data)
     labels_file: Optional[str] = None  # labels.json|.npy|.txt of a .npy folder (default: the one beside it)
     unconditional: bool = False  # a .npy folder without labels: train one class
     class_names: Optional[list] = None  # names of the classes, index = label; taken from the data when not set
     random_flip: bool = True  # flip latents horizontally at random
     num_workers: int = 2  # data loading processes
     image_size: int = 256  # image folder: the crop size in pixels (dit extract --image-size); latents: the size they came from (shards record it)
-    digits_size: int = 16  # side of the upsampled digits when path is "digits"
+    digits_size: int = 16  # side of the digits when path is "digits": 8 as stored, 16 or 32 upsampled
     vae: Optional[str] = None  # VAE id or folder (dit extract --vae): encodes an image folder (None: stabilityai/sd-vae-ft-mse) and decodes samples (shards record theirs)
     vae_dtype: str = "auto"  # auto | fp32 | bf16: the VAE's compute dtype for an image folder; auto: bf16 on a GPU, fp32 (dit extract's default) on a CPU
     cache_dir: Optional[str] = None  # where the latent caches of image folders go (None: ~/.cache/dit-trainer/latents); shared by all nodes

@@ -20,6 +20,13 @@ def build_dataset(cfg, num_classes=None):
     data = cfg.data
     if data.path is None:
         raise ConfigError("data.path is not set; pass --data.path LATENTS_DIR (or 'digits' for the demo data)")
+    if data.path == "digits" and data.text_encoder is not None:
+        # The text-conditioned demo's data: each digit captioned with what its pixels show.
+        from dit_trainer.data.digits_text import CaptionedDigits
+        from dit_trainer.text_encoders import load_text_encoder
+
+        encoder = load_text_encoder(data.text_encoder, data.text_dtype, "cpu", data.text_max_length or None)
+        return CaptionedDigits(encoder, image_size=data.digits_size, seed=cfg.train.seed)
     if data.path == "digits":
         from dit_trainer.data.digits import DigitsDataset
 
