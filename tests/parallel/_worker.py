@@ -2,6 +2,7 @@
 is the slow part), and resume 2-rank checkpoints under this launch's layouts."""
 
 import argparse
+import faulthandler
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def main():
     ap.add_argument("--resume", default="", help="layout=checkpoint_dir,... : continue those checkpoints under layout")
     ap.add_argument("--text-check", default="", help="assets folder of tests/text_encoders/_shard_check.py to run first")
     args = ap.parse_args()
+    faulthandler.enable()  # a rank that crashes in native code says where, in the launch's output
     torch.use_deterministic_algorithms(True)
     dist.init_process_group("gloo")
     layouts = {**LAYOUTS_2, **LAYOUTS_4, **BLOCK_OPTION_LAYOUTS, **LAYOUTS_OPTIONS}
