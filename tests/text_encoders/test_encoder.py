@@ -78,3 +78,15 @@ def test_a_padded_batch_encodes_each_caption_alike_whatever_else_is_in_it(folder
     first = encoder.encode(["a cat", "one"], pad_to=8)["text_embeds"][0]
     assert torch.equal(first, encoder.encode(["a cat", "two dogs", "the red mat"], pad_to=8)["text_embeds"][0])
     assert encoder.encode(["a cat"], pad_to=8)["text_embeds"].shape == (1, 24, 32)
+
+
+def test_a_folder_missing_weights_is_one_line_not_random_numbers(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = save_tiny_t5(tmp_path / "t5")
+    weights = load_file(f"{folder}/model.safetensors")
+    dropped = "encoder.final_layer_norm.weight"
+    save_file({k: v for k, v in weights.items() if k != dropped}, f"{folder}/model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(DataError, match=f"lacks 1 weight.*{dropped}.*save_pretrained") as err:
+        load_text_encoder(folder)
+    assert "\n" not in str(err.value)

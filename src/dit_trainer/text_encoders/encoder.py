@@ -166,9 +166,15 @@ def load_text_encoder(name_or_path, dtype: str = "auto", device="cpu", max_lengt
     try:
         with _Quiet():
             tokenizer = AutoTokenizer.from_pretrained(tok_folder, local_files_only=True, trust_remote_code=False)
-            model = _model_class(kind).from_pretrained(folder, dtype=torch_dtype, use_safetensors=True,
-                                                       local_files_only=True, trust_remote_code=False)
+            model, info = _model_class(kind).from_pretrained(folder, dtype=torch_dtype, use_safetensors=True,
+                                                             local_files_only=True, trust_remote_code=False,
+                                                             output_loading_info=True)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(f"cannot load the text encoder in {folder} ({one_line(err)}); re-save it with save_pretrained") from None
+    if info.get("missing_keys"):  # transformers would fill them with random numbers: every caption encoded wrong
+        missing = sorted(info["missing_keys"])
+        raise DataError(f"the text encoder in {folder} lacks {len(missing)} weight(s) its config.json asks for "
+                        f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); re-save it with "
+                        "save_pretrained from a complete model")
     tokenizer.padding_side = "right"  # Sana sets it for Gemma; T5's and CLIP's already are
     return TextEncoder(model.to(device), tokenizer, kind, name, folder, tok_folder, length)
