@@ -34,8 +34,10 @@ def save_tiny_t5(folder, seed: int = 0, hidden: int = 32) -> str:
     torch.manual_seed(seed)
     config = T5Config(vocab_size=len(tokenizer), d_model=hidden, d_kv=8, d_ff=2 * hidden, num_layers=2, num_heads=4,
                       feed_forward_proj="gated-gelu", dropout_rate=0.1)
+    model = T5EncoderModel(config)
+    model.set_input_embeddings(model.shared)  # one table, as released: see word_t5.save_word_t5
     with _quiet():
-        T5EncoderModel(config).save_pretrained(folder)
+        model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
 
