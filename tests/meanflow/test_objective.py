@@ -8,7 +8,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tests.meanflow._tiny import batch, step_model, tiny_config, tiny_model
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.meanflow.jvp import time_derivative
+from dit_trainer.meanflow.jvp import DIFFERENCE_STEP, central_difference, time_derivative
 from dit_trainer.objective import build_objective
 
 
@@ -106,8 +106,8 @@ def test_separate_and_graph_paths_give_one_loss_and_gradient(tiny):
     (loss_s, g_s), (loss_g, g_g) = grads["separate"], grads["graph"]
     torch.testing.assert_close(loss_s, loss_g, rtol=1e-6, atol=0)
     assert g_s.keys() == g_g.keys() and any(k.startswith("h_embedder.") for k in g_s)
-    for k in g_s:
-        torch.testing.assert_close(g_s[k], g_g[k], rtol=1e-5, atol=1e-7, msg=lambda m: f"{k}: {m}")
+    for k in g_s:  # relative to each gradient's norm: elementwise, rounding differs by CPU's vector width
+        assert (g_s[k] - g_g[k]).norm() <= 1e-5 * g_s[k].norm(), k
     assert g_s["h_embedder.mlp.2.weight"].abs().sum() > 0  # the interval is learnt
 
 
@@ -131,7 +131,25 @@ def test_jvp_equals_finite_difference_and_autograd(tiny):
     scale = dudt.abs().max()
     assert (dudt - auto).abs().max() / scale < 1e-5
     assert (dudt - fd).abs().max() / scale < 2e-3
+    ours = central_difference(u, z, d["t"], d["r"], v)
+    assert (dudt - ours).abs().max() / scale < 1e-3  # fp32 at DIFFERENCE_STEP: truncation and rounding
+    assert (ours - central_difference(u, z, d["t"], d["r"], v, step=DIFFERENCE_STEP * 4)).abs().max() > 0
     model.train()
+
+
+def test_difference_path_trains_as_the_jvp_does(tiny):
+    """jvp: difference differs from separate only in du/dt: losses and gradients agree to the difference's error."""
+    _, x, y, drop = tiny
+    grads = {}
+    for path in ("separate", "difference"):
+        model = tiny_model()
+        loss = build_objective(tiny_config(jvp=path, norm_p=0.5, ratio=1.0)).losses(step_model(model, y, drop), x,
+                                                                                    draws_for(x)).mean()
+        loss.backward()
+        grads[path] = (loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    (loss_s, g_s), (loss_d, g_d) = grads["separate"], grads["difference"]
+    torch.testing.assert_close(loss_d, loss_s, rtol=1e-3, atol=0)
+    assert (g_d - g_s).norm() / g_s.norm() < 1e-3
 
 
 def test_meanflow_has_no_single_output_loss():

@@ -201,13 +201,15 @@ OPTIONS = {
     "lognormal": ("dit", {"diffusion": {"timestep_sampler": "lognormal", "timestep_std": 1.5}}),
     "minsnr": ("dit", {"diffusion": {"loss_weighting": "min-snr", "min_snr_gamma": 2.0}}),
     "direction": ("sit", {"transport": {"t_sampler": "logit-normal", "direction_loss_weight": 0.5}}),
-    # MeanFlow's two JVP paths (tensor parallelism refuses it: DTensor has no forward-mode AD). norm_p 0.5:
+    # MeanFlow's three du/dt paths (TP only for the difference: DTensor has no forward-mode AD). norm_p 0.5:
     # the default adaptive weight logs every loss as about 1, which would hide a layout's difference.
     "mfseparate": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5}}),
     "mfgraph": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "graph"}}),
+    "mfdifference": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference"}}),
 }
-# Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive.
-OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",)}
+# Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
+# the difference path, having no forward-mode AD, runs under TP too.
+OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("ddp", "tp")}
 LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
                    for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 

@@ -1,6 +1,6 @@
 """The objectives' training options (shaped timestep densities, min-SNR, the direction term) under
-FSDP and TP on gloo, and MeanFlow's two JVP paths under DDP (two steps and more) and FSDP: every step's
-loss and gradient norm equal one process's."""
+FSDP and TP on gloo, and MeanFlow's du/dt paths under DDP (two steps and more), FSDP and (the central
+difference) TP: every step's loss and gradient norm equal one process's."""
 
 import pytest
 from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, read_losses,

@@ -13,7 +13,7 @@ from typing import Optional
 from dit_trainer.errors import ConfigError
 
 TR_SAMPLERS = ("v0", "v1")
-JVP_PATHS = ("separate", "graph")
+JVP_PATHS = ("separate", "graph", "difference")
 
 
 @dataclass
@@ -32,7 +32,7 @@ class MeanFlowConfig:
     kappa: float = 0.5  # the conditional velocity's share of the guided target (the official default: effective scale omega / (1 - kappa) = 2)
     guidance_t_start: float = 0.0  # guide the target only for t in [guidance_t_start, guidance_t_end] (paper's t); elsewhere omega 1, kappa 0
     guidance_t_end: float = 1.0  # end of that t range
-    jvp: str = "separate"  # separate | graph: how du/dt is taken. separate: the JVP under no_grad, the loss from a second forward (works under DDP, FSDP, TP, AC, compile); graph: the loss's prediction from the JVP itself, one forward fewer (refused under DDP, whose second step fails, and with activation checkpointing)
+    jvp: str = "separate"  # separate | graph | difference: how du/dt is taken. separate: the JVP under no_grad, the loss from a second forward (works under DDP, FSDP, AC, compile); graph: the loss's prediction from the JVP itself, one forward fewer (refused under DDP, whose second step fails, and with activation checkpointing); difference: as separate, with a central difference of two fp32 forwards in place of the JVP (no forward-mode AD; cheaper where it is slow)
     steps: int = 1  # sampling steps (network evaluations) when none are given: z <- z - (t - r) u from t = 1 to 0
     timesteps: Optional[list] = field(default=None)  # the sampling schedule, paper's t from 1 down to 0, steps + 1 values; None: uniform
 
@@ -76,12 +76,12 @@ def _check_combinations(cfg) -> None:
     if cfg.parallel.pp != 1:
         raise ConfigError(f"objective meanflow does not run under pipeline parallelism (parallel.pp {cfg.parallel.pp}): "
                           "its JVP needs the whole network in one call; set parallel.pp 1 (DDP, FSDP and HSDP work)")
-    if cfg.parallel.tp != 1:
+    if cfg.parallel.tp != 1 and cfg.meanflow.jvp != "difference":
         # Measured on torch 2.13: DTensor's from_local/to_local/redistribute have no forward-mode derivative,
         # and a JVP by double backward comes out wrong through TP's collectives.
-        raise ConfigError(f"objective meanflow does not run under tensor parallelism (parallel.tp {cfg.parallel.tp}): "
-                          "torch's DTensor has no forward-mode AD for the JVP; set parallel.tp 1 and shard with "
-                          "FSDP (parallel.dp_shard) instead")
+        raise ConfigError(f"meanflow.jvp {cfg.meanflow.jvp} does not run under tensor parallelism (parallel.tp "
+                          f"{cfg.parallel.tp}): torch's DTensor has no forward-mode AD for the JVP; set meanflow.jvp "
+                          "difference (two forwards in its place), or parallel.tp 1 and shard with FSDP")
     if cfg.meanflow.jvp == "graph" and cfg.train.activation_checkpointing != "none":
         raise ConfigError("meanflow.jvp graph does not run with train.activation_checkpointing (the recomputation "
                           "meets the JVP's saved tensors); use meanflow.jvp separate or activation_checkpointing none")

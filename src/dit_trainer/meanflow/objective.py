@@ -12,7 +12,7 @@ import torch
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.meanflow.config import MeanFlowConfig, check_schedule, guided
-from dit_trainer.meanflow.jvp import time_derivative
+from dit_trainer.meanflow.jvp import central_difference, time_derivative
 from dit_trainer.meanflow.sampler import sample_meanflow, uniform_schedule
 from dit_trainer.meanflow.target import guided_velocity, meanflow_loss, meanflow_target
 from dit_trainer.meanflow.timesteps import sample_t_r
@@ -110,13 +110,18 @@ class MeanFlowObjective(Objective):
 
         return u_fp32
 
+    def _derivative(self, u_fn, z, t, r, v):
+        if self.config.jvp == "difference":
+            return central_difference(u_fn, z, t, r, v)
+        return time_derivative(u_fn, z, t, r, v)[1]
+
     def _moving_derivative(self, model_fn, z, t, r, v):
         """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
         on those samples alone, a share `ratio` of the batch."""
         index, rows = _rows(r != t)
         if len(index) == len(t):
-            return time_derivative(self._u_fp32(model_fn), z, t, r, v)[1]
-        _, part = time_derivative(self._u_fp32(model_fn.rows(rows)), z[rows], t[rows], r[rows], v[rows])
+            return self._derivative(self._u_fp32(model_fn), z, t, r, v)
+        part = self._derivative(self._u_fp32(model_fn.rows(rows)), z[rows], t[rows], r[rows], v[rows])
         dudt = torch.zeros_like(z)
         dudt[index] = part[: len(index)].to(dudt.dtype)
         return dudt
