@@ -23,17 +23,22 @@ import time
 import torch
 
 from _common import machine, peak_mib, sync, table
+from dit_trainer.meanflow.demo import settings as demo_settings
 
 VARIANTS = {
     "flow": ("transport", {}),
     "mf separate": ("meanflow", {"jvp": "separate"}),
     "mf graph": ("meanflow", {"jvp": "graph"}),
+    "mf difference": ("meanflow", {"jvp": "difference"}),
     "mf separate unguided": ("meanflow", {"jvp": "separate", "kappa": 0.0}),
     "mf graph unguided": ("meanflow", {"jvp": "graph", "kappa": 0.0}),
-    # kappa 0: only the unconditional velocity is needed, one forward under no_grad (the digits demo's)
+    # kappa 0: only the unconditional velocity is needed, one forward under no_grad
     "mf separate omega 2": ("meanflow", {"jvp": "separate", "omega": 2.0, "kappa": 0.0}),
     "mf graph omega 2": ("meanflow", {"jvp": "graph", "omega": 2.0, "kappa": 0.0}),
 }
+# The digits demo's own settings (meanflow/demo.py), by both paths.
+_DEMO = {k: v for k, v in demo_settings(0)["meanflow"].items() if k != "steps"}
+VARIANTS.update({f"demo {path}": ("meanflow", {**_DEMO, "jvp": path}) for path in ("separate", "graph", "difference")})
 
 
 def _config(args, out, objective, meanflow, **train):

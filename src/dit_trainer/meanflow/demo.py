@@ -6,18 +6,28 @@ post-hoc EMA of width `MAIN_STD` at the last step, without classifier-free guida
 guidance is folded into training. Torch-free: `dit demo` reads it before building anything.
 """
 
-# A MeanFlow step costs about 1.6x the flow-matching step here (the JVP and a second forward; guidance
-# folded in with kappa 0 adds one forward without gradient): benchmarks/meanflow_step.py. Chosen on seeds
-# 1 and 2, within the SiT demo's training time (benchmarks/RESULTS.md, "MeanFlow on the digits").
-STEPS = 800
+# A MeanFlow step of these settings costs about 1.9x the flow-matching step here (benchmarks/meanflow_step.py,
+# "demo difference"): the loss's forward and backward, one forward without gradient for the unconditional
+# velocity (omega 1.15, kappa 0) and two for du/dt on the 75% of samples with r != t (the central difference
+# costs less than the JVP's dual tensors on a CPU), so the SiT demo's 1,200 steps at batch 64 buy 640 of
+# them, or 1,280 at batch 32. Guidance omega 1.15: omega 2 (an effective classifier-free scale of 2) halved
+# the samples' recall and took 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised.
+# Chosen on seeds 1 and 2 (benchmarks/RESULTS.md, "MeanFlow on the digits").
+STEPS = 1280
+BATCH = 32  # half the SiT demo's: at equal samples seen, twice the updates (1-step FID 12 against 19 at batch 64)
 SAMPLE_STEPS = (1, 2)  # the sampling step counts the demo scores; the first draws the grid
 MAIN_STD = 0.05  # the post-hoc EMA width that samples
 
 
 def settings(steps: int) -> dict:
-    """The config sections that make the SiT demo of `steps` steps a MeanFlow one (merged into demo_config)."""
+    """The config keys that make the SiT demo of `steps` steps a MeanFlow one (merged into demo_config's sections)."""
     return {
         "objective": "meanflow",
-        "meanflow": {"omega": 2.0, "kappa": 0.0, "ratio": 0.5, "steps": 1},
-        "sample": {"ema_std": MAIN_STD, "steps": 1},
+        "meanflow": {"omega": 1.15, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "steps": 1},
+        "train": {"global_batch_size": BATCH},
     }
+
+
+def sampling() -> dict:
+    """The `sample:` section the MeanFlow demo records: one step from the post-hoc EMA, guidance trained in."""
+    return {"ema_std": MAIN_STD, "steps": 1}
