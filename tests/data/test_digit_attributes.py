@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dit_trainer.data.digit_attributes import (HELD_OUT, caption, caption_words, classify, clear_of_cuts,
+from dit_trainer.data.digit_attributes import (HELD_OUT, MARGIN, caption, caption_words, classify, clear_of_cuts,
                                                digit_captions, fit_thresholds, is_held_out, measure)
 
 
@@ -84,8 +84,9 @@ def test_captions_say_what_hand_checked_digits_show():
     assert known.prompts[745].endswith("right-slanted one") and known.prompts[558].endswith("left-slanted one")
     assert known.prompts[1078] == "a thin left-slanted zero"
     assert known.prompts[1113] == "a bold right-slanted seven"
-    # Plain cases: training reads the same words.
-    assert all(known.captions[i] == known.prompts[i] for i in (1626, 818, 1078, 1113))
+    # Plain cases: training reads the same words; the ones' slant is near enough a cut to go unsaid.
+    assert all(known.captions[i] == known.prompts[i] for i in (1078, 1113))
+    assert (known.captions[1626], known.captions[818]) == ("a thin one", "a bold one")
 
 
 def test_near_calls_leave_the_attribute_unsaid():
@@ -97,7 +98,8 @@ def test_near_calls_leave_the_attribute_unsaid():
     assert caption(7) == "a seven"
     known = digit_captions()
     partial = [i for i, (c, p) in enumerate(zip(known.captions, known.prompts)) if c != p]
-    assert 0.3 * len(known.prompts) < len(partial) < 0.5 * len(known.prompts)
+    # Each attribute is said for a share 1 - 4 MARGIN of each digit's ranks, both for about its square.
+    assert abs(len(partial) / len(known.prompts) - (1 - (1 - 4 * MARGIN) ** 2)) < 0.03
     for i in partial[:50]:  # a training caption says only words of the full one, the digit always
         said, full = known.captions[i].split(), known.prompts[i].split()
         assert set(said) < set(full) and said[-1] == full[-1]
