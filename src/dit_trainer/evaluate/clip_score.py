@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from dit_trainer.errors import ConfigError, DataError, one_line
+from dit_trainer.pretrained_lock import PRETRAINED_LOCK
 
 SCALE = 100.0  # torchmetrics' and the papers' w
 
@@ -83,9 +84,10 @@ def load_clip(folder, device="cpu") -> ClipScorer:
     except ImportError:
         raise DataError("CLIP score needs transformers; pip install dit-trainer[text]") from None
     try:
-        model = CLIPModel.from_pretrained(path, use_safetensors=True, local_files_only=True, trust_remote_code=False)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-        processor = CLIPImageProcessor.from_pretrained(path, local_files_only=True)
+        with PRETRAINED_LOCK:
+            model = CLIPModel.from_pretrained(path, use_safetensors=True, local_files_only=True, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            processor = CLIPImageProcessor.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(f"cannot load the CLIP model in {path} ({one_line(err)}); re-save it with save_pretrained") from None
     return ClipScorer(model.float(), tokenizer, processor, device)

@@ -14,6 +14,7 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from dit_trainer.errors import DataError, one_line
+from dit_trainer.pretrained_lock import PRETRAINED_LOCK
 from dit_trainer.text_encoders.folders import resolve_folders
 
 # config.json's model_type -> (kind, the release's token count: PixArt-alpha's 120 for T5, Sana's 300
@@ -164,7 +165,7 @@ def load_text_encoder(name_or_path, dtype: str = "auto", device="cpu", max_lengt
     from transformers import AutoTokenizer
 
     try:
-        with _Quiet():
+        with _Quiet(), PRETRAINED_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(tok_folder, local_files_only=True, trust_remote_code=False)
             model, info = _model_class(kind).from_pretrained(folder, dtype=torch_dtype, use_safetensors=True,
                                                              local_files_only=True, trust_remote_code=False,

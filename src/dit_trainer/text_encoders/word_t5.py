@@ -46,8 +46,8 @@ def save_word_t5(folder, words: Sequence[str], seed: int = 0, d_model: int = 64,
     with torch.random.fork_rng(devices=[]):  # the caller's global RNG stream is left as it was
         torch.manual_seed(int(seed))
         model = T5EncoderModel(config).eval()
-    # One embedding table, as a released T5 has: transformers ties it in its constructor, but in one long test
-    # process (not reproduced alone) it once did not, and the folder then held two tables.
+    # One embedding table, as a released T5 has: transformers ties it in its constructor, unless a load in another
+    # thread has its tying swapped out at that moment (see pretrained_lock); then the folder would hold two tables.
     model.set_input_embeddings(model.shared)
     with staged_folder(os.fspath(folder), replace=True) as tmp, _Quiet():
         model.save_pretrained(tmp, safe_serialization=True)

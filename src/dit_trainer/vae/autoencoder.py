@@ -18,6 +18,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from dit_trainer.errors import DataError, one_line
+from dit_trainer.pretrained_lock import PRETRAINED_LOCK
 from dit_trainer.vae import geometry
 
 # Seconds the one reachability check of the Hub may take before an uncached id is reported as unavailable.
@@ -94,7 +95,7 @@ def _cached_class(name: str) -> Optional[str]:
 
 def _quiet_from_pretrained(AutoencoderKL, name: str, **kwargs):
     # diffusers passes the deprecated local_dir_use_symlinks to huggingface_hub, which warns on every load.
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), PRETRAINED_LOCK:
         warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*")
         return AutoencoderKL.from_pretrained(name, **kwargs)
 
@@ -162,7 +163,8 @@ def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[s
         config = os.path.join(folder, kwargs.get("subfolder", ""), "config.json")
         AutoencoderKL = _class_named(_config_class(config), config)
         try:
-            vae = AutoencoderKL.from_pretrained(folder, **kwargs)
+            with PRETRAINED_LOCK:  # see pretrained_lock: two loads at once can break later models
+                vae = AutoencoderKL.from_pretrained(folder, **kwargs)
         except (OSError, ValueError) as err:
             raise DataError(f"cannot load the VAE in {folder} ({one_line(err)}); re-save it with save_pretrained") from None
     elif looks_like_path(name):
