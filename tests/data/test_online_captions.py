@@ -92,3 +92,18 @@ def test_captioned_folder_fills_the_config_from_its_encoder(assets, tmp_path):
     assert shapes.dataset.text_encoder == assets["t5"]  # its folder, absolute, for sampling and export
     assert shapes.dataset.text_hidden_size == 32 and shapes.dataset.num_classes is None
     assert np.array_equal(shapes.dataset.labels, np.zeros(10, dtype=np.int64))
+
+
+@pytest.mark.parametrize("name,tokens", [("PixArt-Sigma-XL/2-256", 300), ("PixArt-alpha-XL/2-256", 120)])
+def test_captions_take_the_familys_release_length(assets, tmp_path, name, tokens):
+    """data.text_max_length 0 means the model family's release length (Sigma 300), not the encoder's default."""
+    from dit_trainer.config import build_config
+    from dit_trainer.data.loader import DataShapes
+
+    source = {"model": {"name": name, "depth": 1, "hidden_size": 48, "num_heads": 4},
+              "data": {"path": assets["images"], "text_encoder": assets["t5"], "vae": assets["vae"], "image_size": SIZE,
+                       "cache_dir": str(tmp_path / "cache"), "num_workers": 0},
+              "train": {"device": "cpu"}}
+    shapes = DataShapes()
+    cfg = build_config(source, shapes=shapes)
+    assert cfg.data.text_max_length == tokens and shapes.dataset.text_max_length == tokens

@@ -14,6 +14,19 @@ from torch.utils.data import DataLoader, Sampler
 from dit_trainer.errors import ConfigError, DataError
 
 
+def caption_tokens(cfg):
+    """The tokens a caption is encoded to: data.text_max_length, else the model family's release length
+    (PixArt-alpha 120, PixArt-Sigma 300), else None (the encoder's own default)."""
+    if cfg.data.text_max_length:
+        return int(cfg.data.text_max_length)
+    try:
+        from dit_trainer.models.spec import get_spec
+
+        return get_spec(cfg.model.name).text_max_length or None
+    except ConfigError:
+        return None  # an unknown model name is reported where the model is built
+
+
 def build_dataset(cfg, num_classes=None):
     """The training dataset named by `cfg.data` (latents on disk, or "digits" for the demo);
     `num_classes` checks the data against a class count the user set (None: the data says)."""
@@ -25,7 +38,7 @@ def build_dataset(cfg, num_classes=None):
         from dit_trainer.data.digits_text import CaptionedDigits
         from dit_trainer.text_encoders import load_text_encoder
 
-        encoder = load_text_encoder(data.text_encoder, data.text_dtype, "cpu", data.text_max_length or None)
+        encoder = load_text_encoder(data.text_encoder, data.text_dtype, "cpu", caption_tokens(cfg))
         return CaptionedDigits(encoder, image_size=data.digits_size, seed=cfg.train.seed)
     if data.path == "digits":
         from dit_trainer.data.digits import DigitsDataset
@@ -38,7 +51,7 @@ def build_dataset(cfg, num_classes=None):
     if captioned or looks_like_image_folder(data.path):
         from dit_trainer.data.online import open_image_folder
 
-        text = {"encoder": data.text_encoder, "max_length": data.text_max_length, "dtype": data.text_dtype,
+        text = {"encoder": data.text_encoder, "max_length": caption_tokens(cfg) or 0, "dtype": data.text_dtype,
                 "empty": data.empty_captions} if captioned else None
         dataset = open_image_folder(data.path, vae=data.vae, image_size=data.image_size, vae_dtype=data.vae_dtype,
                                     device=cfg.train.device, cache_dir=data.cache_dir, random_flip=data.random_flip,

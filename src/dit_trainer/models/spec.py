@@ -49,6 +49,7 @@ class ModelSpec:
     label_embedding: str = "y_embedder.embedding_table.weight"  # the table a new class count starts anew
     condition: str = "class"  # what the model is conditioned on: class | text (dit_trainer.condition)
     adopt_weights_fn: Optional[Callable] = None  # (model, state_dict, source, log) -> model's full state dict
+    text_max_length: int = 0  # caption tokens its release was trained on (data.text_max_length 0 takes it); 0: the encoder's
 
     def from_released(self, state_dict: dict) -> dict:
         """A state dict in the family's released names (or a wrapped training copy) in ours."""

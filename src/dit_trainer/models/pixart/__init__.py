@@ -68,6 +68,7 @@ def _register():
             weights_shape_fn=weights_shape,
             condition="text",
             adopt_weights_fn=_lazy_call("dit_trainer.models.pixart.adopt", "adopt_weights"),
+            text_max_length=r.text_max_length,
         )
         register_spec(r.name, spec)
         register_spec(HUB_NAMES[r.name], spec)
