@@ -11,7 +11,7 @@
 # 2. gpu_check.py sdpa: the attention kernel bf16 SDPA dispatches to at DiT-XL/2's shapes.
 #    sampling.py: DDIM-25 with CFG 4.0 in bf16, img/s of our sampler (latents, no VAE decode).
 #    gpu_check.py jvp-attention: which SDPA kernels take MeanFlow's JVP, and their time; meanflow_step.py:
-#    SiT-XL/2's MeanFlow step (both JVP paths) beside its flow-matching step, batch 32, bf16.
+#    SiT-XL/2's MeanFlow step (the JVP and the central difference) beside its flow-matching step, batch 32, bf16.
 # 3. With >= 2 GPUs, parallel.py: FSDP2 (torchrun, parallel.dp_shard N) img/s against 1 GPU at 32
 #    images per GPU.
 # 4. compile_cache.py: DiT-XL/2's first compiled step in a fresh process, cold (empty
@@ -85,12 +85,12 @@ run repa_b128 150 "$py" "$here/repa_cost.py" --device cuda --model SiT-XL/2 --ba
 run sampling 40 "$py" "$here/sampling.py" --no-compile --device cuda --models DiT-XL/2 --batch-sizes "$sample_batch" \
   --dtype bf16 --steps 25 --reps 2 --no-diffusers
 # MeanFlow: which SDPA kernels take its JVP and how fast (models/attention.py runs the JVP through math), then
-# its step (both JVP paths, guidance folded in) beside SiT-XL/2's flow-matching step at batch 32, peak memory each
+# its step (the JVP and the central difference, guidance folded in) beside SiT-XL/2's flow-matching step at batch 32, peak memory each
 # (three trainers alive at once: about 11 GB of weights and optimizer state each).
 run jvp_attention 30 "$py" "$here/gpu_check.py" jvp-attention
 run meanflow_b32 120 "$py" "$here/meanflow_step.py" --device cuda --model SiT-XL/2 --input-size 32 --in-channels 4 \
   --num-classes 1000 --batch-size 32 --mixed-precision bf16 --warmup 2 --steps 5 \
-  --variants "flow,mf separate,mf graph"
+  --variants "flow,mf separate,mf difference"
 if ((ngpu >= 2)); then
   par=(--device cuda --depth 28 --hidden 1152 --heads 16 --input 32 --precision bf16 --warmup 2 --steps 5)
   run fsdp_1 30 "$py" "$here/parallel.py" "${par[@]}" --world-sizes 1 --layouts single --batch 32

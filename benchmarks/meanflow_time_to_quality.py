@@ -11,11 +11,13 @@ network evaluations, where its FID stops improving), MeanFlow at 1 and 2 steps. 
 network's time to draw them), and each batch scored as the demo scores: FID against the real digits
 (digit network) and the share the digit classifier recognises.
 
-The table gives training seconds (the run's median seconds per logged window times the step, so load
-that comes and goes cannot favour either run) beside the sampling seconds. Below it, for each target
+The table gives training seconds (the step times each demo's seconds per step, probed in this process with
+the two demos' steps alternating, so a machine whose speed drifts between the long runs cannot favour
+either) beside the sampling seconds. Below it, for each target
 FID (each recipe's own at the end), the first point of every recipe at or below it and its cost:
-training plus sampling `--num` images, and what every further 1,000 images cost to sample. Finished
-runs in `--out` are reused; scores are computed anew.
+training plus sampling `--num` images, what every further 1,000 images cost to sample, and the number
+of images beyond which it costs less in all than every other recipe at that quality. Finished runs in
+`--out` are reused; scores are computed anew.
 """
 
 import argparse
@@ -43,6 +45,32 @@ def train_run(folder: Path, objective: str, steps: int, seed: int, every: int, n
         DiTTrainer(build_config(cfg)).train(max_steps_name="--steps")
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if '"s_per_step"' in line]
     return statistics.median(r["s_per_step"] for r in rows[1:] or rows)  # the first window holds the warm-up
+
+
+def probe(out: Path, plans: list, seed: int, steps: int = 16, warmup: int = 3) -> dict:
+    """Each demo's seconds per step from short runs alternating step by step in this process (median of
+    `steps` after `warmup`): a machine whose speed drifts between the long runs slows both alike here."""
+    from dit_trainer.config import build_config
+    from dit_trainer.demo import demo_config
+    from dit_trainer.train import DiTTrainer
+
+    trainers = {}
+    for _, objective, run_steps, _ in plans:
+        cfg = demo_config(out / f"probe-{objective}", run_steps, seed, objective=objective)
+        cfg["checkpoint"].update(resume=False, on_existing="overwrite")
+        cfg["logging"]["progress"] = False
+        trainer = DiTTrainer(build_config(cfg))
+        trainer.loader = trainer.build_loader()
+        trainers[objective] = trainer
+    times = {objective: [] for objective in trainers}
+    for i in range(warmup + steps):
+        for objective, trainer in trainers.items():
+            batch = next(trainer.loader)
+            t0 = time.perf_counter()
+            trainer.train_step(batch)
+            if i >= warmup:
+                times[objective].append(time.perf_counter() - t0)
+    return {objective: statistics.median(t) for objective, t in times.items()}
 
 
 def score(folder: Path, step: int, sampler_steps: int, num: int, device) -> dict:
@@ -77,6 +105,23 @@ def first_at(points: list, target: float):
     return next((p for p in points if p["fid"] <= target), None)
 
 
+def break_even(hit: dict, hits: dict, num: int) -> str:
+    """The image count beyond which `hit` costs less in all than every other recipe that reaches the target
+    ("always" when it costs less from the start, "never" when a recipe with a cheaper sampler costs less)."""
+    total = hit["train_s"] + hit["sample_s"]
+    beyond = 0.0
+    for other in hits.values():
+        if other is None or other is hit:
+            continue
+        gap, saving = total - other["train_s"] - other["sample_s"], (other["sample_s"] - hit["sample_s"]) / num
+        if gap <= 0 and saving >= 0:
+            continue
+        if saving <= 0:
+            return "never"
+        beyond = max(beyond, num + gap / saving)
+    return "always" if beyond == 0 else f"{beyond:,.0f} images"
+
+
 def report(points: list, num: int) -> str:
     """The measured points, then for each target every recipe's first point at or below it and its cost."""
     lines = ["| recipe | NFE | step | train s | sample s | FID | recognised |", "|:--|--:|--:|--:|--:|--:|--:|"]
@@ -89,15 +134,16 @@ def report(points: list, num: int) -> str:
         target = curve[-1]["fid"]
         lines += ["", f"Target FID {target:.2f} ({recipe} at NFE {nfe}, its last point): first point at or below it, "
                       f"cost = training + sampling {num} images",
-                  "| recipe | NFE | step | train s | sample s | total s | s per 1,000 more images |",
-                  "|:--|--:|--:|--:|--:|--:|--:|"]
-        for (other, other_nfe), other_curve in curves.items():
-            hit = first_at(other_curve, target)
+                  "| recipe | NFE | step | train s | sample s | total s | s per 1,000 more images | cheaper beyond |",
+                  "|:--|--:|--:|--:|--:|--:|--:|--:|"]
+        hits = {key: first_at(c, target) for key, c in curves.items()}
+        for (other, other_nfe), hit in hits.items():
             if hit is None:
-                lines.append(f"| {other} | {other_nfe} | not reached | | | | |")
+                lines.append(f"| {other} | {other_nfe} | not reached | | | | | |")
                 continue
             lines.append(f"| {other} | {other_nfe} | {hit['step']} | {hit['train_s']:.0f} | {hit['sample_s']:.2f} | "
-                         f"{hit['train_s'] + hit['sample_s']:.0f} | {hit['sample_s'] * 1000 / num:.2f} |")
+                         f"{hit['train_s'] + hit['sample_s']:.0f} | {hit['sample_s'] * 1000 / num:.2f} | "
+                         f"{break_even(hit, hits, num)} |")
     return "\n".join(lines)
 
 
@@ -122,13 +168,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     plans = [("SiT (flow matching)", "transport", demo_steps("transport", args.flow_steps), [args.flow_sampler_steps]),
              ("MeanFlow", "meanflow", demo_steps("meanflow", args.meanflow_steps), [1, 2])]
-    speed = {}
     for name, objective, steps, _ in plans:
-        speed[objective] = train_run(out / objective, objective, steps, args.seed, args.every, args.num)
-        print(f"# {name}: {steps} steps at {speed[objective]:.3f} s/step (median of the logged windows)", flush=True)
+        logged = train_run(out / objective, objective, steps, args.seed, args.every, args.num)
+        print(f"# {name}: {steps} steps, {logged:.3f} s/step in its run (median of the logged windows)", flush=True)
+    speed = probe(out, plans, args.seed)
+    print("# probed, alternating step by step: " + ", ".join(f"{name} {speed[objective]:.3f} s/step"
+                                                             for name, objective, _, _ in plans), flush=True)
     points = []
     for name, objective, steps, sampler_steps in plans:
-        for step in range(args.every, steps + 1, args.every):
+        for step in sorted({*range(args.every, steps + 1, args.every), steps}):  # the last step too
             for k in sampler_steps:
                 row = score(out / objective, step, k, args.num, device)
                 points.append({"recipe": name, "step": step, "train_s": step * speed[objective], **row})
