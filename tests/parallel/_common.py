@@ -208,8 +208,8 @@ OPTIONS = {
     "mfdifference": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference"}}),
 }
 # Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
-# the difference path, having no forward-mode AD, runs under TP too.
-OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("ddp", "tp")}
+# the difference path, having no forward-mode AD, under TP (its DDP step is the separate path's).
+OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("tp",)}
 LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
                    for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 
