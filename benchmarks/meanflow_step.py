@@ -36,7 +36,7 @@ VARIANTS = {
     "mf separate omega 2": ("meanflow", {"jvp": "separate", "omega": 2.0, "kappa": 0.0}),
     "mf graph omega 2": ("meanflow", {"jvp": "graph", "omega": 2.0, "kappa": 0.0}),
 }
-# The digits demo's own settings (meanflow/demo.py), by both paths.
+# The digits demo's own settings (meanflow/demo.py), by each of the three du/dt paths.
 _DEMO = {k: v for k, v in demo_settings(0)["meanflow"].items() if k != "steps"}
 VARIANTS.update({f"demo {path}": ("meanflow", {**_DEMO, "jvp": path}) for path in ("separate", "graph", "difference")})
 

@@ -94,7 +94,8 @@ def _cached_class(name: str) -> Optional[str]:
 
 
 def _quiet_from_pretrained(AutoencoderKL, name: str, **kwargs):
-    # diffusers passes the deprecated local_dir_use_symlinks to huggingface_hub, which warns on every load.
+    # diffusers passes the deprecated local_dir_use_symlinks to huggingface_hub, which warns on every load;
+    # every VAE load comes here, under the one lock that keeps loads apart (see pretrained_lock).
     with warnings.catch_warnings(), PRETRAINED_LOCK:
         warnings.filterwarnings("ignore", message=".*local_dir_use_symlinks.*")
         return AutoencoderKL.from_pretrained(name, **kwargs)
@@ -163,8 +164,7 @@ def load_vae(id_or_dir, dtype: Union[str, torch.dtype] = "fp32", device: Union[s
         config = os.path.join(folder, kwargs.get("subfolder", ""), "config.json")
         AutoencoderKL = _class_named(_config_class(config), config)
         try:
-            with PRETRAINED_LOCK:  # see pretrained_lock: two loads at once can break later models
-                vae = AutoencoderKL.from_pretrained(folder, **kwargs)
+            vae = _quiet_from_pretrained(AutoencoderKL, folder, **kwargs)
         except (OSError, ValueError) as err:
             raise DataError(f"cannot load the VAE in {folder} ({one_line(err)}); re-save it with save_pretrained") from None
     elif looks_like_path(name):
