@@ -139,6 +139,20 @@ def test_resume_is_exact(tmp_path, sampler):
     assert [r["loss"] for r in a if r["step"] > 5] == [r["loss"] for r in b]
 
 
+def test_a_finished_run_leaves_no_data_worker(tmp_path):
+    """train() ends its loader's worker processes itself: left to the garbage collector, a finished trainer (a
+    reference cycle) lost its queues first and each worker took the 5 s shutdown timeout to be killed."""
+    import multiprocessing
+
+    data = write_npy_latents(tmp_path / "latents", n=8)
+    trainer = DiTTrainer(tiny_config(tmp_path / "run", data={"path": str(data), "num_workers": 1},
+                                     train={"max_steps": 1, "global_batch_size": 4}))
+    before = set(multiprocessing.active_children())
+    trainer.train()
+    assert set(multiprocessing.active_children()) <= before
+    assert next(trainer.loader)[0].shape[0] == 4  # and the loader still goes on, forking new workers
+
+
 def test_checkpoints_rotate_and_are_atomic(tmp_path):
     data = write_npy_latents(tmp_path / "latents", n=8)
     cfg = tiny_config(tmp_path / "run", data={"path": str(data)},

@@ -308,6 +308,15 @@ class StepLoader:
         if self.stage is not None:
             self.stage.flush()
 
+    def stop_workers(self) -> None:
+        """End the epoch's worker processes now; the next batch forks new ones at the same sample (as after a
+        resume). Left to the garbage collector, a loader in a reference cycle (a finished trainer's) can lose
+        its queues' feeder threads before the iterator's shutdown sends the workers their stop, which then
+        waits 5 s per worker and kills them."""
+        if self._it is not None and getattr(self._it, "_workers", None):
+            self._it._shutdown_workers()
+            self._it = None
+
     def state_dict(self) -> dict:
         """Position after the last batch handed out, and the data's fingerprint where it has one."""
         state = self.sampler.state_dict()

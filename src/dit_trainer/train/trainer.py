@@ -304,6 +304,8 @@ class DiTTrainer:
                 # A full disk or failing mount under metrics, TensorBoard, grids or config.yaml: one line.
                 raise CheckpointError(f"{write_error_text(self.cfg.output_dir, err)}; free space or fix the "
                                       f"mount ({self._kept_checkpoint()})") from None
+            finally:
+                getattr(self.loader, "stop_workers", lambda: None)()  # a set loader may be any iterator
 
     def _train(self, max_steps_name: str) -> dict:
         from tqdm.auto import tqdm
