@@ -26,13 +26,14 @@ def paper_net(model, y, drop):
     return lambda z, t, h, labels_drop=drop: -model(z, 1 - t, y=y, force_drop_ids=labels_drop, h=h)
 
 
-def reference_loss(net, x, e, t, r, v_target, p, eps):
-    """py-meanflow's forward_with_loss for given e, t, r, with the tangent v_target (v, or JAX's guided v_g)."""
+def reference_loss(net, x, e, t, r, v_target, p, eps, tangent=None):
+    """py-meanflow's forward_with_loss for given e, t, r, with the tangent v_target (v, or JAX's guided v_g), or
+    `tangent` where given (iMF's: the network's own velocity)."""
     tt, rr = t.view(-1, 1, 1, 1), r.view(-1, 1, 1, 1)
     z = (1 - tt) * x + tt * e
     with sdpa_kernel(SDPBackend.MATH):  # the kernel forward-mode AD goes through on a CPU
         u, dudt = torch.func.jvp(lambda z, t, r: net(z, t, t - r), (z, t, r),
-                                 (v_target, torch.ones_like(t), torch.zeros_like(r)))
+                                 (v_target if tangent is None else tangent, torch.ones_like(t), torch.zeros_like(r)))
     u_tgt = (v_target - (tt - rr).clamp(0, 1) * dudt).detach()
     loss = ((u - u_tgt) ** 2).sum(dim=(1, 2, 3))
     return loss / (loss.detach() + eps) ** p
@@ -152,6 +153,28 @@ def test_difference_path_trains_as_the_jvp_does(tiny):
     assert (g_d - g_s).norm() / g_s.norm() < 1e-3
 
 
+@pytest.mark.parametrize("path", ["separate", "graph"])
+def test_predicted_tangent_takes_du_dt_along_the_networks_own_velocity(tiny, path):
+    """iMF's tangent: du/dt along sg(u(z_t, t, t)) under each sample's own condition (the dropped one's null
+    label), while the target velocity stays v (here guided, as the JAX code's v_g)."""
+    model, x, y, drop = tiny
+    m = {"omega": 1.5, "kappa": 0.0, "norm_p": 0.0, "ratio": 1.0, "jvp": path}
+    got = build_objective(tiny_config(tangent="predicted", **m)).losses(step_model(model, y, drop), x, draws_for(x))
+    net = paper_net(model, y, drop)
+    d = draws_for(x)
+    t, e = d["t"], d["noise"]
+    tt = t.view(-1, 1, 1, 1)
+    z, v = (1 - tt) * x + tt * e, e - x
+    with torch.no_grad():
+        own = net(z, t, torch.zeros_like(t))
+        v_uncond = net(z, t, torch.zeros_like(t), torch.ones_like(drop))
+    v_g = torch.where(drop.bool().view(-1, 1, 1, 1), v, v_uncond + 1.5 * (v - v_uncond))
+    want = reference_loss(net, x, e, t, d["r"], v_g, 0.0, 0.01, tangent=own)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    sample = build_objective(tiny_config(**m)).losses(step_model(model, y, drop), x, draws_for(x))
+    assert not torch.allclose(got, sample)  # the tangent reached du/dt
+
+
 def test_meanflow_has_no_single_output_loss():
     with pytest.raises(NotImplementedError, match="losses"):
         build_objective(tiny_config()).loss(torch.zeros(1), torch.zeros(1), {})
@@ -159,6 +182,7 @@ def test_meanflow_has_no_single_output_loss():
 
 @pytest.mark.parametrize("meanflow,match", [
     ({"ratio": 1.5}, "meanflow.ratio"), ({"jvp": "forward"}, "meanflow.jvp"), ({"tr_sampler": "v2"}, "tr_sampler"),
+    ({"tangent": "velocity"}, "meanflow.tangent"),
     ({"logit_std": 0.0}, "logit_std"), ({"guidance_t_start": 0.9, "guidance_t_end": 0.5}, "guidance_t_start"),
     ({"steps": 2, "timesteps": [1.0, 0.0]}, "steps 2"), ({"steps": 1, "timesteps": [0.0, 1.0]}, "fall from 1"),
 ])

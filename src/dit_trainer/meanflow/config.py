@@ -13,6 +13,7 @@ from typing import Optional
 from dit_trainer.errors import ConfigError
 
 TR_SAMPLERS = ("v0", "v1")
+TANGENTS = ("sample", "predicted")
 JVP_PATHS = ("separate", "graph", "difference")
 
 
@@ -33,6 +34,7 @@ class MeanFlowConfig:
     guidance_t_start: float = 0.0  # guide the target only for t in [guidance_t_start, guidance_t_end] (paper's t); elsewhere omega 1, kappa 0
     guidance_t_end: float = 1.0  # end of that t range
     jvp: str = "separate"  # separate | graph | difference: how du/dt is taken. separate: the JVP under no_grad, the loss from a second forward (works under DDP, FSDP, AC, compile); graph: the loss's prediction from the JVP itself, one forward fewer (refused under DDP, whose second step fails, and with activation checkpointing); difference: as separate, with a central difference of two fp32 forwards in place of the JVP (no forward-mode AD; cheaper where it is slow)
+    tangent: str = "sample"  # sample | predicted: the z-direction of du/dt. sample (the paper's): the target velocity v (e - x, guided); predicted (improved MeanFlow's): the network's own instantaneous velocity at h = 0 under the step's condition, one forward more without gradient
     steps: int = 1  # sampling steps (network evaluations) when none are given: z <- z - (t - r) u from t = 1 to 0
     timesteps: Optional[list] = field(default=None)  # the sampling schedule, paper's t from 1 down to 0, steps + 1 values; None: uniform
 
@@ -60,7 +62,8 @@ def check_meanflow(cfg) -> None:
     if not 0 <= m.guidance_t_start <= m.guidance_t_end <= 1:
         raise ConfigError(f"meanflow.guidance_t_start {m.guidance_t_start} and guidance_t_end {m.guidance_t_end} must "
                           "satisfy 0 <= start <= end <= 1")
-    for key, value, known in (("tr_sampler", m.tr_sampler, TR_SAMPLERS), ("jvp", m.jvp, JVP_PATHS)):
+    for key, value, known in (("tr_sampler", m.tr_sampler, TR_SAMPLERS), ("jvp", m.jvp, JVP_PATHS),
+                               ("tangent", m.tangent, TANGENTS)):
         if value not in known:
             raise ConfigError(f"meanflow.{key} {value!r} is not one of {'|'.join(known)}")
     m.timesteps = check_schedule(m.steps, m.timesteps)

@@ -115,13 +115,23 @@ class MeanFlowObjective(Objective):
             return central_difference(u_fn, z, t, r, v)
         return time_derivative(u_fn, z, t, r, v)[1]
 
+    def tangent(self, model_fn, z, t, v):
+        """The direction in z of du/dt: the target's velocity v (the paper's), or with `tangent: predicted`
+        the network's own instantaneous velocity at (z, t) under the step's condition, no gradient (iMF's):
+        the flow's direction without the noise of one sample's e - x."""
+        if self.config.tangent == "sample":
+            return v
+        with torch.no_grad():
+            return self.u(model_fn, z, t, t).to(v.dtype)
+
     def _moving_derivative(self, model_fn, z, t, r, v):
         """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
         on those samples alone, a share `ratio` of the batch."""
         index, rows = _rows(r != t)
         if len(index) == len(t):
-            return self._derivative(self._u_fp32(model_fn), z, t, r, v)
-        part = self._derivative(self._u_fp32(model_fn.rows(rows)), z[rows], t[rows], r[rows], v[rows])
+            return self._derivative(self._u_fp32(model_fn), z, t, r, self.tangent(model_fn, z, t, v))
+        fn = model_fn.rows(rows)
+        part = self._derivative(self._u_fp32(fn), z[rows], t[rows], r[rows], self.tangent(fn, z[rows], t[rows], v[rows]))
         dudt = torch.zeros_like(z)
         dudt[index] = part[: len(index)].to(dudt.dtype)
         return dudt
@@ -133,7 +143,7 @@ class MeanFlowObjective(Objective):
         v = draws["noise"].to(x) - x
         if self.config.jvp == "graph":
             v_g = self.target_velocity(model_fn, z, t, v)
-            u, dudt = time_derivative(self._u_fp32(model_fn), z, t, r, v_g, graph=True)
+            u, dudt = time_derivative(self._u_fp32(model_fn), z, t, r, self.tangent(model_fn, z, t, v_g), graph=True)
         else:
             u = self.u(model_fn, z, t, r)  # the loss's own forward, under the run's autocast like any train step
             # After that forward is queued: choosing the samples waits for the device (a GPU runs it meanwhile).
