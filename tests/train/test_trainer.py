@@ -151,6 +151,8 @@ def test_a_finished_run_leaves_no_data_worker(tmp_path):
     trainer.train()
     assert set(multiprocessing.active_children()) <= before
     assert next(trainer.loader)[0].shape[0] == 4  # and the loader still goes on, forking new workers
+    trainer.loader.stop_workers()
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_checkpoints_rotate_and_are_atomic(tmp_path):
