@@ -193,8 +193,10 @@ def native_bf16(device) -> bool:
     return resolve_amp_dtype("bf16", device) is not None
 
 
-def peak_sizes(device) -> tuple:
-    """The square matmul sizes the peak is measured at."""
+def peak_sizes(device, given=None) -> tuple:
+    """The square matmul sizes the peak is measured at: `given` (comma-separated), else 2048..4096 (8192 on CUDA)."""
+    if given:
+        return tuple(int(n) for n in given.split(","))
     return (2048, 3072, 4096) + ((8192,) if device.type == "cuda" else ())
 
 
@@ -339,6 +341,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--variants", default=None, help="comma-separated list instead, e.g. orig-fp32,bf16,bf16+compile+ac")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--peak-reps", type=int, default=3, help="timed repetitions per matmul size")
+    ap.add_argument("--peak-sizes", default=None, help="comma-separated square matmul sizes of the peak (default "
+                                                      "2048,3072,4096, and 8192 on CUDA; smaller ones measure a lower peak)")
     ap.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory runs on CPU")
     ap.add_argument("--json", metavar="PATH", default=None, help="also write the numbers to PATH as JSON")
     ap.add_argument("--only", default=None, help=argparse.SUPPRESS)  # the CPU memory probe's child
@@ -365,7 +369,7 @@ def main(argv=None):
     dtypes = ["fp32", "bf16"] + sorted({v["precision"] for v in variants} - {"fp32", "bf16"})
     # Without native bf16 a 2048-sized bf16 matmul takes about a minute (emulated, ~100x below
     # fp32): one small size shows that, and nothing is divided by it.
-    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps, peak_sizes(device) if has_bf16 or d != "bf16" else (512,))
+    peaks = {d: matmul_peak(DTYPES[d], device, args.peak_reps, peak_sizes(device, args.peak_sizes) if has_bf16 or d != "bf16" else (512,))
              for d in dtypes}
     flop_batch = min(args.batch_size, 2)
     flops_img = flops_per_image(args, device, flop_batch)
@@ -390,7 +394,7 @@ def main(argv=None):
     print(f"# {args.model}{' (' + ', '.join(size) + ')' if size else ''}, {rows[0]['params'] / 1e6:.1f}M params, "
           f"{args.input_size}x{args.input_size}x{args.in_channels} latents, {args.num_classes} classes, "
           f"batch {args.batch_size}; DiTTrainer.train_step: diffusion loss, AdamW, EMA")
-    print(f"# matmul peak (square n={'/'.join(map(str, peak_sizes(device)))}, best of {args.peak_reps}): "
+    print(f"# matmul peak (square n={'/'.join(map(str, peak_sizes(device, args.peak_sizes)))}, best of {args.peak_reps}): "
           + ", ".join(f"{d} {p:.3f} TFLOP/s (n={n})" for d, (p, n) in peaks.items()))
     if not has_bf16:
         print(f"# no native bf16 on this {device.type}: its bf16 matmul is emulated ({peaks['bf16'][0]:.4f} TFLOP/s at "

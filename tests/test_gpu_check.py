@@ -53,7 +53,7 @@ def test_summary_of_real_outputs(tmp_path):
     tiny = ["--depth", "1", "--steps", "1", "--warmup", "1"]
     logs = _benches(tmp_path,
                     train_b32=["train_step.py", "--hidden-size", "64", "--num-heads", "2", "--input-size", "8",
-                               "--batch-size", "2", "--variants", "bf16", "--peak-reps", "1", "--no-memory",
+                               "--batch-size", "2", "--variants", "bf16", "--peak-reps", "1", "--peak-sizes", "1024", "--no-memory",
                                "--threads", "1", "--device", "cpu", *tiny],
                     sampling=["sampling.py", "--models", "DiT-S/2", "--batch-sizes", "1", "--steps", "2",
                               "--no-diffusers", "--no-compile", "--threads", "1"],

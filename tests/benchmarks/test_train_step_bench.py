@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_reports_speed_mfu_and_memory_per_variant(tmp_path):
     numbers = tmp_path / "train_step.json"
     tiny = ["--depth", "1", "--hidden-size", "64", "--num-heads", "2", "--input-size", "8", "--batch-size", "2",
-            "--warmup", "1", "--steps", "2", "--peak-reps", "1", "--threads", "1", "--device", "cpu"]
+            "--warmup", "1", "--steps", "2", "--peak-reps", "1", "--peak-sizes", "1024", "--threads", "1",
+            "--device", "cpu"]
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_step.py"), *tiny,
                           "--variants", "orig-fp32,fp32", "--json", str(numbers)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
