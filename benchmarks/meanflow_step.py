@@ -39,8 +39,9 @@ VARIANTS = {
 # The digits demo's own settings (meanflow/demo.py), by each of the three du/dt paths.
 _DEMO = {k: v for k, v in demo_settings(0)["meanflow"].items() if k != "steps"}
 VARIANTS.update({f"demo {path}": ("meanflow", {**_DEMO, "jvp": path}) for path in ("separate", "graph", "difference")})
-# iMF's tangent (the network's own velocity, one forward more) on the demo's central difference and the JVP.
-VARIANTS.update({f"demo {path} predicted": ("meanflow", {**_DEMO, "jvp": path, "tangent": "predicted"})
+# The demo takes du/dt along the network's own velocity (meanflow.tangent predicted, one forward more): the
+# paper's tangent, the sample's velocity, beside it.
+VARIANTS.update({f"demo {path} sample tangent": ("meanflow", {**_DEMO, "jvp": path, "tangent": "sample"})
                  for path in ("separate", "difference")})
 
 

@@ -6,14 +6,17 @@ post-hoc EMA of width `MAIN_STD` at the last step, without classifier-free guida
 guidance is folded into training. Torch-free: `dit demo` reads it before building anything.
 """
 
-# A MeanFlow step of these settings costs about 1.9x the flow-matching step here (benchmarks/meanflow_step.py,
-# "demo difference"): the loss's forward and backward, one forward without gradient for the unconditional
-# velocity (omega 1.15, kappa 0) and two for du/dt on the 75% of samples with r != t (the central difference
-# costs less than the JVP's dual tensors on a CPU), so the SiT demo's 1,200 steps at batch 64 buy 640 of
-# them, or 1,280 at batch 32. Guidance omega 1.15: omega 2 (an effective classifier-free scale of 2) halved
-# the samples' recall and took 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised.
-# Chosen on seeds 1 and 2 (benchmarks/RESULTS.md, "MeanFlow on the digits").
-STEPS = 1280
+# A MeanFlow step of these settings costs about 2.1x the flow-matching step here (benchmarks/meanflow_step.py,
+# "demo difference"): the loss's forward and backward, one forward without gradient for the
+# unconditional velocity (omega 1.15, kappa 0), and on the 75% of samples with r != t one for the tangent
+# (the network's own velocity, improved MeanFlow's) and two for du/dt (the central difference costs less than
+# the JVP's dual tensors on a CPU), so the SiT demo's 1,200 steps at batch 64 buy 1,110 of them at batch 32.
+# Guidance omega 1.15: omega 2 (an effective classifier-free scale of 2) halved the samples' recall and took
+# 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised. The predicted tangent at 1,110
+# steps against the sample's at 1,280 (the same training time), seeds 1 and 2: 2-step FID 12.2 and 8.3
+# against 11.8 and 11.8, 1-step 14.5 and 13.4 against 12.1 and 16.0 (benchmarks/RESULTS.md, "MeanFlow on the
+# digits").
+STEPS = 1110
 BATCH = 32  # half the SiT demo's: at equal samples seen, twice the updates (1-step FID 12 against 19 at batch 64)
 SAMPLE_STEPS = (1, 2)  # the sampling step counts the demo scores; the first draws the grid
 MAIN_STD = 0.05  # the post-hoc EMA width that samples
@@ -23,7 +26,8 @@ def settings(steps: int) -> dict:
     """The config keys that make the SiT demo of `steps` steps a MeanFlow one (merged into demo_config's sections)."""
     return {
         "objective": "meanflow",
-        "meanflow": {"omega": 1.15, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "steps": 1},
+        "meanflow": {"omega": 1.15, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted",
+                     "steps": 1},
         "train": {"global_batch_size": BATCH},
     }
 
