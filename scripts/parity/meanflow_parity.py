@@ -20,6 +20,9 @@ Rows (relative max difference max|ours - ref| / max|ref|, float32, CPU, one thre
                   weight (loss + c)^p with its p 0.75, c 1e-3), for both JVP paths (separate, graph)
   cfg     < 1e-6  per-sample losses with guidance folded in against the JAX code's forward (omega, kappa, a
                   t-range, the first samples' labels dropped as cond_drop drops them, p 1, c 0.01)
+  imf     < 1e-6  `meanflow.tangent predicted` against improved MeanFlow's forward (Lyy-iiis/imeanflow, imf.py)
+                  unguided and without its v-head: the JVP's tangent the network's own velocity at h = 0, the
+                  loss the compound V = u + (t - r) sg(du/dt) against v, unweighted (p 0)
   jvp     < 1e-5  du/dt of our JVP against torch.autograd.functional.jvp
   fd      < 2e-3  du/dt against a central finite difference (step 1e-3, float32)
   sample  < 1e-6  1-step and 3-step samples against the JAX code's solver_step loop
@@ -43,7 +46,7 @@ import torch.nn as nn
 from common import Table, load_or_report, randomise_, rel_diff
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-BOUNDS = {"loss": 1e-6, "cfg": 1e-6, "jvp": 1e-5, "fd": 2e-3, "sample": 1e-6, "draws": 1e-6, "official": 1e-6}
+BOUNDS = {"loss": 1e-6, "cfg": 1e-6, "imf": 1e-6, "jvp": 1e-5, "fd": 2e-3, "sample": 1e-6, "draws": 1e-6, "official": 1e-6}
 MODEL = {"name": "SiT-S/2", "input_size": 8, "in_channels": 4, "num_classes": 10, "learn_sigma": False,
          "depth": 2, "hidden_size": 64, "num_heads": 4}
 # py-meanflow's CIFAR scripts (v0: the paper's sampler; v1: its default) and its adaptive weight.
@@ -117,6 +120,19 @@ def jax_guided_loss(net, x, e, t, r, drop, omega, kappa, t_start, t_end, p=1.0, 
     return loss / (loss + c).detach() ** p
 
 
+def imf_loss(net, x, e, t, r, p=1.0, c=0.01):
+    """improved MeanFlow's forward with omega 1 (v_g = v) and its v-head term left out: the JVP along the network's
+    own velocity v_c at h = 0 (no gradient), V = u + (t - r) sg(du/dt), the error of V against v summed."""
+    z = (1 - _per_sample(t)) * x + _per_sample(t) * e
+    v = e - x
+    with torch.no_grad():
+        v_c = net(z, t, torch.zeros_like(t))
+    u, dudt = torch.func.jvp(lambda z, t, r: net(z, t, t - r), (z, t, r), (v_c, torch.ones_like(t), torch.zeros_like(r)))
+    compound = u + _per_sample(t - r) * dudt.detach()
+    loss = ((compound - v) ** 2).sum(dim=(1, 2, 3))
+    return loss / (loss + c).detach() ** p
+
+
 def injected(n=6, seed=4):
     g = torch.Generator().manual_seed(seed)
     x, e = torch.randn(n, 4, 8, 8, generator=g), torch.randn(n, 4, 8, 8, generator=g)
@@ -156,6 +172,20 @@ def check_cfg(table, model):
     want = jax_guided_loss(paper_net(model, y, drop), x, e, t, r, drop, 1.0, 0.5, 0.0, 1.0)
     got = build_objective(config()).losses(step_model(model, y, drop), x, {"t": t, "r": r, "noise": e})
     table.add("cfg", "JAX forward, its defaults (omega 1, kappa 0.5, p 1, c 0.01)", rel_diff(got, want))
+
+
+def check_imf(table, model):
+    from dit_trainer.objective import build_objective
+
+    x, e, y, t, r = injected()
+    drop = torch.zeros_like(y)
+    # p 0, the squared error itself: with p 1 every loss is about 1, and the tangent's change would hide in it
+    want = imf_loss(paper_net(model, y, drop), x, e, t, r, p=0.0)
+    for path in ("separate", "graph"):
+        objective = build_objective(config(omega=1.0, kappa=0.0, norm_p=0.0, tangent="predicted", jvp=path))
+        got = objective.losses(step_model(model, y, drop), x, {"t": t, "r": r, "noise": e})
+        table.add("imf", f"imf.py forward (omega 1, no v-head, p 0), tangent predicted, jvp {path}",
+                  rel_diff(got, want))
 
 
 def check_jvp(table, model):
@@ -298,6 +328,7 @@ def main(argv=None) -> int:
     with sdpa_kernel(SDPBackend.MATH):
         check_loss(table, model)
         check_cfg(table, model)
+        check_imf(table, model)
         check_jvp(table, model)
         check_sample(table, model)
         if reference is not None:
