@@ -85,15 +85,19 @@ def score(folder: Path, step: int, sampler_steps: int, num: int, device) -> dict
     from dit_trainer.sample.loading import load_model
     from dit_trainer.sample.sampling import sample_latents
 
+    from dit_trainer.meanflow.demo import SCHEDULES
+
     (weights,) = reconstruct(folder, [0.05], at_step=step)
     model, cfg = load_model(weights)
     objective = build_objective(cfg)
+    # MeanFlow samples on the demo's schedule for its step count, as `dit demo` does.
+    schedule = {"timesteps": list(SCHEDULES[sampler_steps])} if cfg.objective == "meanflow" else {}
     labels = np.arange(num) % model.num_classes
     counter = {}
     t0 = time.perf_counter()
     with torch.inference_mode():
         x = sample_latents(model, objective, labels, cfg_scale=1.0, steps=sampler_steps, seed=0, device=device,
-                           counter=counter)
+                           counter=counter, **schedule)
     sample_s = time.perf_counter() - t0
     npz = save_npz(folder / "scored.npz", to_images(x, *load_decoder(cfg, device=device)), labels)
     m = measure(npz, device)

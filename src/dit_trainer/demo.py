@@ -221,7 +221,8 @@ def run_demo(out="outputs/demo", steps=None, seed=0, per_class=10, progress=True
 
 def draw_meanflow(out, num_samples, device) -> dict:
     """{steps: samples .npz} for each of the MeanFlow demo's step counts: `num_samples`, every class alike, from
-    the post-hoc EMA of its width rebuilt at the last step, by the objective's own sampler, unguided."""
+    the post-hoc EMA of its width rebuilt at the last step, by the objective's own sampler on the demo's schedule
+    for that count, unguided."""
     import numpy as np
 
     from dit_trainer import checkpoint
@@ -240,7 +241,8 @@ def draw_meanflow(out, num_samples, device) -> dict:
     labels = np.arange(num_samples) % model.num_classes
     npzs = {}
     for k in meanflow_demo.SAMPLE_STEPS:
-        x = sample_latents(model, objective, labels, cfg_scale=1.0, steps=k, seed=0, device=device)
+        x = sample_latents(model, objective, labels, cfg_scale=1.0, steps=k, seed=0, device=device,
+                           timesteps=list(meanflow_demo.SCHEDULES[k]))
         images = to_images(x, *load_decoder(cfg, device=device))
         npzs[k] = save_npz(Path(out) / f"samples_{k}step.npz", images, labels, settings={"steps": k, "ckpt": str(folder)})
     return npzs
@@ -249,7 +251,8 @@ def draw_meanflow(out, num_samples, device) -> dict:
 def describe_meanflow() -> str:
     """The MeanFlow demo's sampling, in words."""
     steps = " and ".join(map(str, meanflow_demo.SAMPLE_STEPS))
-    return f"MeanFlow's sampler at {steps} steps, unguided, post-hoc EMA {meanflow_demo.MAIN_STD}"
+    times = " and ".join(", ".join(f"{t:g}" for t in meanflow_demo.SCHEDULES[k]) for k in meanflow_demo.SAMPLE_STEPS)
+    return f"MeanFlow's sampler at {steps} steps (t {times}), unguided, post-hoc EMA {meanflow_demo.MAIN_STD}"
 
 
 def describe(settings) -> str:
