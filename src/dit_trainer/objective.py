@@ -107,19 +107,37 @@ _FACTORIES = {
 # Objectives whose network takes a second time input, the interval h (MeanFlow's t - r): the families
 # build its embedder for these alone, so every other run's model and state dict stay the release's.
 _INTERVAL = {"meanflow"}
+# Objectives that can give their network the guidance scale as an input (improved MeanFlow's), with the key of
+# their own config section whose value, when set, turns it on; otherwise the model stays as above.
+_GUIDANCE_INPUT = {"meanflow": "omega_range"}
 
 
-def register_objective(name: str, target: str, interval: bool = False) -> None:
+def register_objective(name: str, target: str, interval: bool = False, guidance_key: str = None) -> None:
     """Make `cfg.objective: name` build with the factory at "module:attr" (attr may be dotted); `interval`:
-    its network takes the interval h as a second time input."""
+    its network takes the interval h as a second time input; `guidance_key`: the key of `cfg.<name>` that,
+    when set, gives the network the guidance scale as an input too."""
     register_target(_FACTORIES, name, target, "objective")
     if interval:
         _INTERVAL.add(name)
+    if guidance_key:
+        _GUIDANCE_INPUT[name] = guidance_key
 
 
 def takes_interval(cfg) -> bool:
     """Whether the model of `cfg` (a Config; a bare model section has no objective) embeds an interval h."""
     return getattr(cfg, "objective", None) in _INTERVAL
+
+
+def takes_guidance_scale(cfg) -> bool:
+    """Whether the model of `cfg` embeds the guidance scale it is asked for (its objective's key is set)."""
+    name = getattr(cfg, "objective", None)
+    key = _GUIDANCE_INPUT.get(name)
+    if key is None:
+        return False
+    section = getattr(cfg, name, None)
+    if isinstance(section, dict):
+        return section.get(key) is not None
+    return getattr(section, key, None) is not None
 
 
 def list_objectives() -> list:

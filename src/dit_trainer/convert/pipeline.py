@@ -120,11 +120,12 @@ class DiTPipeline:
 
     def _defaults(self, steps, guidance_scale):
         """(steps, guidance scale) where not given: 25 and 4, or a MeanFlow run's own (its sample: steps or
-        None for meanflow.steps, and 1)."""
+        None for meanflow.steps, and its sample: cfg scale, 1 or the trained omega)."""
         if getattr(self.cfg, "objective", None) == "meanflow":
             sample = getattr(self.cfg, "sample", None)
             steps = steps if steps is not None else getattr(sample, "steps", None)
-            return (None if steps is None else int(steps)), (1.0 if guidance_scale is None else guidance_scale)
+            scale = float(getattr(sample, "cfg_scale", None) or 1.0) if guidance_scale is None else guidance_scale
+            return (None if steps is None else int(steps)), scale
         return int(25 if steps is None else steps), (4.0 if guidance_scale is None else guidance_scale)
 
     def _guide(self, guide):
@@ -166,7 +167,8 @@ class DiTPipeline:
 
         `sampler` defaults to the model's objective's: DDIM for diffusion, the ODE for transport (SiT), MeanFlow's
         for a MeanFlow run. `num_inference_steps` defaults to 25, `guidance_scale` to 4; a MeanFlow run samples
-        in its `sample:` section's steps (else meanflow.steps, 1) and unguided (its guidance is trained in).
+        in its `sample:` section's steps (else meanflow.steps, 1) and unguided (its guidance is trained in), or,
+        where it trained over a range of scales (meanflow.omega_range), at `guidance_scale` inside that range.
 
         `guidance_interval=(sigma_lo, sigma_hi)` guides only where the noise level sigma lies in
         (sigma_lo, sigma_hi] (EDM's sigma; None: every step). `guide` (a DiTPipeline or a folder it loads

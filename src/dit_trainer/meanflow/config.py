@@ -33,6 +33,7 @@ class MeanFlowConfig:
     kappa: float = 0.5  # the conditional velocity's share of the guided target (the official default: effective scale omega / (1 - kappa) = 2)
     guidance_t_start: float = 0.0  # guide the target only for t in [guidance_t_start, guidance_t_end] (paper's t); elsewhere omega 1, kappa 0
     guidance_t_end: float = 1.0  # end of that t range
+    omega_range: Optional[list] = field(default=None)  # [lo, hi], 1 <= lo <= hi: improved MeanFlow's guidance as a condition: each sample's omega drawn uniformly from the range and given to the network (its own embedder, zero-initialised), so a sample picks its scale in one evaluation (`--cfg-scale`, default meanflow.omega, inside the range); needs kappa 0. None: omega is fixed and the network takes no scale
     jvp: str = "separate"  # separate | graph | difference: how du/dt is taken. separate: the JVP under no_grad, the loss from a second forward (works under DDP, FSDP, AC, compile); graph: the loss's prediction from the JVP itself, one forward fewer (refused under DDP, whose second step fails, and with activation checkpointing); difference: as separate, with a central difference of two fp32 forwards in place of the JVP (no forward-mode AD; cheaper where it is slow)
     tangent: str = "sample"  # sample | predicted: the z-direction of du/dt. sample (the paper's): the target velocity v (e - x, guided); predicted (improved MeanFlow's): the network's own instantaneous velocity at h = 0 under the step's condition, one forward more without gradient
     steps: int = 1  # sampling steps (network evaluations) when none are given: z <- z - (t - r) u from t = 1 to 0
@@ -67,8 +68,11 @@ def check_meanflow(cfg) -> None:
         if value not in known:
             raise ConfigError(f"meanflow.{key} {value!r} is not one of {'|'.join(known)}")
     m.timesteps = check_schedule(m.steps, m.timesteps)
-    if cfg.sample.cfg_scale is None:  # guidance is trained in: the run recommends sampling without it
-        cfg.sample.cfg_scale = 1.0
+    m.omega_range = check_omega_range(m)
+    if cfg.sample.cfg_scale is None:  # guidance is trained in: the run recommends sampling at the trained scale
+        cfg.sample.cfg_scale = float(m.omega) if m.omega_range else 1.0
+    elif m.omega_range:
+        check_sample_scale(m, cfg.sample.cfg_scale)
     if guided(m) and not cfg.model.class_dropout_prob > 0:
         raise ConfigError("meanflow.omega/kappa guide the target with the null label, which model.class_dropout_prob 0 "
                           "never trains; set model.class_dropout_prob 0.1 or meanflow.omega 1 and meanflow.kappa 0")
@@ -95,9 +99,44 @@ def _check_combinations(cfg) -> None:
         raise ConfigError("objective meanflow runs on the torch backend only; set backend torch")
 
 
+def check_omega_range(m):
+    """`meanflow.omega_range` as [lo, hi] floats (None for None), refused in one line where it is not two
+    numbers 1 <= lo <= hi holding meanflow.omega, or where kappa is not 0."""
+    r = m.omega_range
+    if r is None:
+        return None
+    if (not isinstance(r, (list, tuple)) or len(r) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in r)
+            or not 1 <= r[0] <= r[1]):
+        raise ConfigError(f"meanflow.omega_range is {r!r}; it must be [lo, hi] with 1 <= lo <= hi, e.g. [1.0, 2.0]")
+    if m.kappa != 0:
+        raise ConfigError(f"meanflow.omega_range trains the scale omega as a condition, which kappa {m.kappa} would "
+                          "change; set meanflow.kappa 0")
+    if not r[0] <= m.omega <= r[1]:
+        raise ConfigError(f"meanflow.omega {m.omega} (the scale a run samples at by default) is outside "
+                          f"meanflow.omega_range {list(r)}; choose one inside it")
+    return [float(r[0]), float(r[1])]
+
+
+def check_sample_scale(m, scale) -> float:
+    """The guidance scale a sample of section `m` asks for: 1 where the scale is trained in at one omega, a
+    scale inside meanflow.omega_range where the network takes it; a one-line ConfigError otherwise."""
+    scale = float(scale)
+    if m.omega_range is None:
+        if scale != 1:
+            raise ConfigError("objective meanflow samples unguided: its guidance is trained in (meanflow.omega, "
+                              "meanflow.kappa); sample with a cfg scale of 1 and no guide")
+        return scale
+    lo, hi = m.omega_range
+    if not lo <= scale <= hi:
+        raise ConfigError(f"cfg scale {scale:g} is outside the scales this run trained on (meanflow.omega_range "
+                          f"[{lo:g}, {hi:g}]); choose one inside it")
+    return scale
+
+
 def guided(m) -> bool:
-    """Whether the section guides the training target (anything but omega 1, kappa 0)."""
-    return not (m.omega == 1 and m.kappa == 0)
+    """Whether the section guides the training target (anything but omega 1, kappa 0, or a range of omegas)."""
+    return m.omega_range is not None or not (m.omega == 1 and m.kappa == 0)
 
 
 def check_schedule(steps, timesteps, steps_name="meanflow.steps", times_name="meanflow.timesteps"):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import torch
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.meanflow.config import MeanFlowConfig, check_schedule, guided
+from dit_trainer.meanflow.config import MeanFlowConfig, check_sample_scale, check_schedule, guided
 from dit_trainer.meanflow.jvp import central_difference, time_derivative
 from dit_trainer.meanflow.sampler import sample_meanflow, uniform_schedule
 from dit_trainer.meanflow.target import guided_velocity, meanflow_loss, meanflow_target
@@ -73,10 +73,15 @@ class MeanFlowObjective(Objective):
     # -- training ---------------------------------------------------------------------------------
 
     def draw(self, n, sample_shape, generator, device):
-        """{"t", "r": (n,) float32 paper times with r <= t, "noise": (n, *sample_shape)}, in that order."""
+        """{"t", "r": (n,) float32 paper times with r <= t, "noise": (n, *sample_shape)}, in that order, then
+        with `omega_range` each sample's guidance scale "omega" (n,), uniform over the range."""
         t, r = sample_t_r(n, self.config, generator=generator, device=device)
         noise = torch.randn((n, *sample_shape), generator=generator, device=device)
-        return {"t": t, "r": r, "noise": noise}
+        draws = {"t": t, "r": r, "noise": noise}
+        if self.config.omega_range is not None:
+            lo, hi = self.config.omega_range
+            draws["omega"] = lo + (hi - lo) * torch.rand(n, generator=generator, device=device)
+        return draws
 
     def model_input(self, x, draws):
         """(z_t, 1 - t): the point on the path and the network's time (h is `losses`' to add)."""
@@ -87,26 +92,32 @@ class MeanFlowObjective(Objective):
         """MeanFlow's loss needs the network, not one output: the train step calls `losses`."""
         raise NotImplementedError("MeanFlowObjective scores through losses(model_fn, x, draws): its target takes a JVP")
 
-    def target_velocity(self, model_fn, z, t, v):
+    def target_velocity(self, model_fn, z, t, v, w=None):
         """v, or the guided velocity of the official code: from the network's own velocities at h = 0 (no
         gradient), computed for the samples inside the guidance's t-range whose label the step keeps; the
-        others keep v (those whose label is dropped, as the JAX code's cond_drop, learn the plain v)."""
+        others keep v (those whose label is dropped, as the JAX code's cond_drop, learn the plain v). `w`
+        (n,): each sample's omega where the run draws it (`omega_range`); the unconditional velocity is then
+        the network's at scale 1, which guidance leaves as it is."""
         if not self.guided:
             return v
         m = self.config
         index, rows = _rows((t >= m.guidance_t_start) & (t <= m.guidance_t_end) & (model_fn.dropped == 0))
         fn, z_g, t_g = model_fn.rows(rows), z[rows], t[rows]
+        scale = {} if w is None else {"w": torch.ones_like(t_g)}
         with torch.no_grad():
-            v_uncond = self.u(fn, z_g, t_g, t_g, drop=torch.ones_like(fn.dropped))
+            v_uncond = self.u(fn, z_g, t_g, t_g, drop=torch.ones_like(fn.dropped), **scale)
             v_cond = self.u(fn, z_g, t_g, t_g, drop=torch.zeros_like(fn.dropped)) if m.kappa else None
-        guided_v = guided_velocity(v[rows], t_g, v_uncond, v_cond, m.omega, m.kappa, m.guidance_t_start, m.guidance_t_end)
+        omega = m.omega if w is None else w[rows]
+        guided_v = guided_velocity(v[rows], t_g, v_uncond, v_cond, omega, m.kappa, m.guidance_t_start, m.guidance_t_end)
         v_g = v.clone()
         v_g[index] = guided_v[: len(index)].to(v.dtype)
         return v_g
 
-    def _u_fp32(self, model_fn):
+    def _u_fp32(self, model_fn, w=None):
+        scale = {} if w is None else {"w": w}
+
         def u_fp32(z, t, r):
-            return self.u(model_fn, z, t, r, amp=False)
+            return self.u(model_fn, z, t, r, amp=False, **scale)
 
         return u_fp32
 
@@ -115,40 +126,43 @@ class MeanFlowObjective(Objective):
             return central_difference(u_fn, z, t, r, v)
         return time_derivative(u_fn, z, t, r, v)[1]
 
-    def tangent(self, model_fn, z, t, v):
+    def tangent(self, model_fn, z, t, v, w=None):
         """The direction in z of du/dt: the target's velocity v (the paper's), or with `tangent: predicted`
-        the network's own instantaneous velocity at (z, t) under the step's condition, no gradient (iMF's):
-        the flow's direction without the noise of one sample's e - x."""
+        the network's own instantaneous velocity at (z, t) under the step's condition (and scale w), no
+        gradient (iMF's): the flow's direction without the noise of one sample's e - x."""
         if self.config.tangent == "sample":
             return v
         with torch.no_grad():
-            return self.u(model_fn, z, t, t).to(v.dtype)
+            return self.u(model_fn, z, t, t, **({} if w is None else {"w": w})).to(v.dtype)
 
-    def _moving_derivative(self, model_fn, z, t, r, v):
+    def _moving_derivative(self, model_fn, z, t, r, v, w=None):
         """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
         on those samples alone, a share `ratio` of the batch."""
         index, rows = _rows(r != t)
         if len(index) == len(t):
-            return self._derivative(self._u_fp32(model_fn), z, t, r, self.tangent(model_fn, z, t, v))
-        fn = model_fn.rows(rows)
-        part = self._derivative(self._u_fp32(fn), z[rows], t[rows], r[rows], self.tangent(fn, z[rows], t[rows], v[rows]))
+            return self._derivative(self._u_fp32(model_fn, w), z, t, r, self.tangent(model_fn, z, t, v, w))
+        fn, w_rows = model_fn.rows(rows), None if w is None else w[rows]
+        part = self._derivative(self._u_fp32(fn, w_rows), z[rows], t[rows], r[rows],
+                                self.tangent(fn, z[rows], t[rows], v[rows], w_rows))
         dudt = torch.zeros_like(z)
         dudt[index] = part[: len(index)].to(dudt.dtype)
         return dudt
 
     def losses(self, model_fn, x, draws):
         """(n,) adaptive-weighted squared error of u against sg(v_g - (t - r) du/dt), the JVP and loss in fp32."""
-        t, r = draws["t"], draws["r"]
+        t, r, w = draws["t"], draws["r"], draws.get("omega")
         z, _ = self.model_input(x, draws)
         v = draws["noise"].to(x) - x
         if self.config.jvp == "graph":
-            v_g = self.target_velocity(model_fn, z, t, v)
-            u, dudt = time_derivative(self._u_fp32(model_fn), z, t, r, self.tangent(model_fn, z, t, v_g), graph=True)
+            v_g = self.target_velocity(model_fn, z, t, v, w)
+            u, dudt = time_derivative(self._u_fp32(model_fn, w), z, t, r, self.tangent(model_fn, z, t, v_g, w),
+                                      graph=True)
         else:
-            u = self.u(model_fn, z, t, r)  # the loss's own forward, under the run's autocast like any train step
+            # The loss's own forward, under the run's autocast like any train step.
+            u = self.u(model_fn, z, t, r, **({} if w is None else {"w": w}))
             # After that forward is queued: choosing the samples waits for the device (a GPU runs it meanwhile).
-            v_g = self.target_velocity(model_fn, z, t, v)
-            dudt = self._moving_derivative(model_fn, z, t, r, v_g)
+            v_g = self.target_velocity(model_fn, z, t, v, w)
+            dudt = self._moving_derivative(model_fn, z, t, r, v_g, w)
         target = meanflow_target(v_g, dudt.float(), t, r)
         return meanflow_loss(u.float(), target, self.config.norm_p, self.config.norm_eps)
 
@@ -174,6 +188,21 @@ class MeanFlowObjective(Objective):
             return list(self.config.timesteps)
         check_schedule(steps, None, "steps", "timesteps")
         return uniform_schedule(steps)
+
+    @property
+    def trained_scale(self) -> float:
+        """The guidance scale a sample asks for by default: meanflow.omega where the network takes the scale,
+        else 1 (the guidance is trained in)."""
+        return float(self.config.omega) if self.config.omega_range is not None else 1.0
+
+    def scale_inputs(self, scale, n, device) -> dict:
+        """The model's keyword arguments that ask n samples for guidance scale `scale`: {"w": (n,)} where the
+        network takes the scale (inside meanflow.omega_range), {} for a scale of 1 otherwise; one-line
+        ConfigError for any other."""
+        scale = check_sample_scale(self.config, scale)
+        if self.config.omega_range is None:
+            return {}
+        return {"w": torch.full((n,), scale, device=device)}
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """x from noise z in `steps` network evaluations, z <- z - (t - r) u over the schedule; model_fn(x, t,

@@ -15,9 +15,14 @@ def _per_sample(a: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def guided_velocity(v, t, v_uncond, v_cond=None, omega=1.0, kappa=0.0, t_start=0.0, t_end=1.0):
     """The JAX code's `guidance_fn`: omega v + (1 - omega - kappa) v_uncond + kappa v_cond where
-    t_start <= t <= t_end, and v elsewhere (omega 1, kappa 0); without kappa, v_uncond + omega (v - v_uncond)."""
+    t_start <= t <= t_end, and v elsewhere (omega 1, kappa 0); without kappa, v_uncond + omega (v - v_uncond).
+    `omega` is one number, or (n,) one per sample (improved MeanFlow's scale drawn per sample)."""
     inside = _per_sample((t >= t_start) & (t <= t_end), v)
-    w = torch.where(inside, torch.as_tensor(float(omega), dtype=v.dtype, device=v.device), 1.0)
+    if torch.is_tensor(omega) and omega.dim():
+        omega = _per_sample(omega.to(device=v.device, dtype=v.dtype), v)
+    else:
+        omega = torch.as_tensor(float(omega), dtype=v.dtype, device=v.device)
+    w = torch.where(inside, omega, 1.0)
     if v_cond is None:
         return v_uncond + w * (v - v_uncond)
     k = torch.where(inside, torch.as_tensor(float(kappa), dtype=v.dtype, device=v.device), 0.0)

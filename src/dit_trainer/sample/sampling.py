@@ -123,16 +123,20 @@ def sample_conditioned(model, objective_or_cfg, condition, cond, uncond=None, cf
 
     device = torch.device(device)
     objective = as_objective(objective_or_cfg, model)
-    if not objective.guided_sampling and (float(cfg_scale) != 1 or (guide is not None and float(guide_scale) != 1)):
-        raise ConfigError(f"objective {objective.name} samples unguided: its guidance is trained in (meanflow.omega, "
-                          "meanflow.kappa); sample with a cfg scale of 1 and no guide")
+    n = len(next(iter(cond.values())))
+    if not objective.guided_sampling:
+        if guide is not None and float(guide_scale) != 1:
+            raise ConfigError(f"objective {objective.name} samples unguided: its guidance is trained in "
+                              "(meanflow.omega, meanflow.kappa); sample with no guide")
+        # The scale is the network's input where it takes one (improved MeanFlow's), else it must be 1.
+        cond, cfg_scale = {**cond, **objective.scale_inputs(cfg_scale, n, device)}, 1.0
     if compile:
         from dit_trainer.sample.compile import compile_model
 
         compile_model(model)
         if isinstance(guide, torch.nn.Module):
             compile_model(guide)
-    n, channels, size = len(next(iter(cond.values()))), model.in_channels, model.input_size
+    channels, size = model.in_channels, model.input_size
     generator = torch.Generator().manual_seed(int(seed))  # CPU: the same images on every device
     z = torch.randn((n, channels, size, size), generator=generator).to(device)
     step_seed = int(torch.randint(0, 2**62, (1,), generator=generator))
@@ -182,7 +186,7 @@ def sample_grid(model, objective, cfg, path, device="cpu", classes=None, per_cla
     per_class = int(per_class or log.samples_per_class)
     scale = log.sample_cfg_scale if cfg_scale is None else cfg_scale
     if cfg_scale is None and not getattr(objective, "guided_sampling", True):
-        scale = 1.0  # guidance trained in (MeanFlow): the grid's default scale does not apply
+        scale = objective.trained_scale  # guidance trained in (MeanFlow): the grid's default scale does not apply
     if not has_null_class(model):
         scale = 1.0  # guidance needs the null class that label dropout trains
     samples = sample_latents(model, objective, [c for c in classes for _ in range(per_class)], cfg_scale=scale,

@@ -28,11 +28,11 @@ class HeldCondition(NamedTuple):
 
 
 class StepModel:
-    """model_fn(x_t, t, h=None, drop=None, amp=True) -> the network's float32 output for this micro-batch.
+    """model_fn(x_t, t, h=None, drop=None, amp=True, w=None) -> the network's float32 output for this micro-batch.
 
     `drop` (n,) replaces the step's dropout mask for this call (all ones: unconditional, zeros:
     conditional; needs `held`); `amp=False` runs it in float32 inside the run's autocast; `h` is MeanFlow's
-    interval. `dropped` is the step's own mask; `rows(index)` the same network for some of the samples."""
+    interval, `w` the guidance scale a model that embeds one is asked for. `dropped` is the step's own mask; `rows(index)` the same network for some of the samples."""
 
     def __init__(self, model, cond, context, extra=None, held=None):
         self.model, self.cond, self.context, self.held = model, dict(cond), context, held
@@ -54,10 +54,12 @@ class StepModel:
         held = None if self.held is None else self.held.part(index)
         return StepModel(self.model, {k: v[index] for k, v in self.cond.items()}, self.context, extra, held)
 
-    def __call__(self, x_t, t, h=None, drop=None, amp=True):
+    def __call__(self, x_t, t, h=None, drop=None, amp=True, w=None):
         kwargs = dict(self.extra)
         if h is not None:
             kwargs["h"] = h
+        if w is not None:
+            kwargs["w"] = w
         cond = self.cond
         if drop is not None:
             if self.held is None:

@@ -15,7 +15,7 @@ from dit_trainer.models.dit.sizes import PATCHES, SIZES
 from dit_trainer.models.dit.state_dict import DiTStateDictAdapter
 from dit_trainer.models.dit.weights_shape import weights_shape
 from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
-from dit_trainer.objective import takes_interval
+from dit_trainer.objective import takes_guidance_scale, takes_interval
 from dit_trainer.repa.attach import attach_projector
 
 _MODEL = "dit_trainer.models.dit.model"
@@ -35,7 +35,8 @@ def _builder(table: str, name: str):
         ctor = getattr(importlib.import_module(module), attr)[name]
         shared, family = build_kwargs(cfg, DiTConfig)
         sizes = {k: v for k, v in vars(family).items() if v is not None}
-        return attach_projector(ctor(**shared, **sizes, interval_embedding=takes_interval(cfg)), cfg)
+        return attach_projector(ctor(**shared, **sizes, interval_embedding=takes_interval(cfg),
+                                     guidance_embedding=takes_guidance_scale(cfg)), cfg)
 
     return build
 

@@ -132,6 +132,7 @@ class DiT(nn.Module):
         rope=False,
         qk_norm=False,
         interval_embedding=False,
+        guidance_embedding=False,
     ):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
@@ -154,6 +155,8 @@ class DiT(nn.Module):
             # MeanFlow's second time input, the interval h = t - r, embedded like t and added to c; absent
             # otherwise, so every other model's state dict is the release's.
             self.h_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
+        if guidance_embedding:  # improved MeanFlow's guidance scale as an input (models/interval.py)
+            self.w_embedder = TimestepEmbedder(hidden_size, freq_shift=timestep_freq_shift)
         self.initialize_weights()
 
     def initialize_weights(self):
@@ -177,18 +180,19 @@ class DiT(nn.Module):
         # self.patch_size, not the embedder's: a later pipeline stage holds no embedder.
         return unpatchify(x, self.patch_size, self.out_channels)
 
-    def embed(self, x, t, y, force_drop_ids=None, h=None):
+    def embed(self, x, t, y, force_drop_ids=None, h=None, w=None):
         """Input stage: patch tokens with positions, and the conditioning vector c = t + y (+ h's embedding
-        in a model built with `interval_embedding`; h None is 0)."""
+        in a model built with `interval_embedding`, h None is 0; + the guidance scale's with
+        `guidance_embedding`, w None is 1)."""
         tokens = self.x_embedder(x) + self.pos_embed
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
-        return tokens, add_interval(self, c, t, h)
+        return tokens, add_interval(self, c, t, h, w)
 
     def head(self, tokens, c):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False, h=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False, h=None, w=None):
         """x: (B, C, H, W) latents, t: (B,) timesteps, y: (B,) labels -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class; the trainer draws it from
@@ -196,9 +200,10 @@ class DiT(nn.Module):
         (a `TokenRoute`, training only) sends a subset of the tokens through a span of blocks.
         `repa` (a model built with repa.enabled) also returns the projected tokens of block
         `repa_depth`: (output, projected). `h` (B,): MeanFlow's interval t - r, for a model built with
-        `interval_embedding` (None: 0, where the model is its flow model).
+        `interval_embedding` (None: 0, where the model is its flow model). `w` (B,): the guidance scale the
+        output is asked for, for a model built with `guidance_embedding` (None: 1).
         """
-        tokens, c = self.embed(x, t, y, force_drop_ids, h)
+        tokens, c = self.embed(x, t, y, force_drop_ids, h, w)
         route = route if self.training else None
         if repa:
             tokens, hidden = run_blocks(self.blocks, tokens, c, route, rotary=self.rope, capture=aligned_depth(self))

@@ -19,7 +19,7 @@ from dit_trainer.models.large_dit.layers import FinalLayer, TransformerBlock, co
 from dit_trainer.models.large_dit.sizes import SIZES
 from dit_trainer.models.routing import run_blocks
 from dit_trainer.models.spec import build_kwargs
-from dit_trainer.objective import takes_interval
+from dit_trainer.objective import takes_guidance_scale, takes_interval
 from dit_trainer.repa.attach import aligned_depth, attach_projector, project
 
 
@@ -52,6 +52,7 @@ class DiT_Llama(nn.Module):
         learn_sigma=True,
         qk_norm=False,
         interval_embedding=False,
+        guidance_embedding=False,
     ):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, num_classes, learn_sigma)
@@ -69,6 +70,8 @@ class DiT_Llama(nn.Module):
         self.final_layer = FinalLayer(dim, patch_size, self.out_channels)
         if interval_embedding:  # MeanFlow's interval h = t - r (models/interval.py); absent otherwise
             self.h_embedder = TimestepEmbedder(cond_dim(dim))
+        if guidance_embedding:  # improved MeanFlow's guidance scale as an input
+            self.w_embedder = TimestepEmbedder(cond_dim(dim))
         self.init_weights()
 
     @property
@@ -123,26 +126,28 @@ class DiT_Llama(nn.Module):
         """(B, T, p·p·C_out) -> (B, C_out, H, W); output features are (p, p, C) ordered."""
         return unpatchify(x, self.patch_size, self.out_channels)
 
-    def embed(self, x, t, y, force_drop_ids=None, h=None):
-        """Input stage: patch tokens and the conditioning vector c = t_emb + y_emb (+ h_emb with an interval)."""
+    def embed(self, x, t, y, force_drop_ids=None, h=None, w=None):
+        """Input stage: patch tokens and the conditioning vector c = t_emb + y_emb (+ h_emb with an interval,
+        + the guidance scale's with `guidance_embedding`)."""
         tokens = self.x_embedder(self.patchify(x))
         c = self.t_embedder(t) + self.y_embedder(y, self.training, force_drop_ids)
-        return tokens, add_interval(self, c, t, h)
+        return tokens, add_interval(self, c, t, h, w)
 
     def head(self, tokens, c):
         """Output stage: final adaLN layer and unpatchify."""
         return self.unpatchify(self.final_layer(tokens, c))
 
-    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False, h=None):
+    def forward(self, x, t, y, force_drop_ids=None, route=None, repa=False, h=None, w=None):
         """x: (B, C, H, W), t: (B,), y: (B,) -> (B, out_channels, H, W).
 
         `force_drop_ids` (B,) marks labels to replace by the null class, drawn by the trainer.
         `route` (a `TokenRoute`, training only) sends a subset of the tokens through a span of
         layers, each token rotated by its own position. `repa` (a model built with repa.enabled)
         also returns the projected tokens of layer `repa_depth`: (output, projected). `h` (B,): MeanFlow's
-        interval, for a model built with `interval_embedding` (None: 0).
+        interval, for a model built with `interval_embedding` (None: 0); `w` (B,) the guidance scale, for one
+        built with `guidance_embedding` (None: 1).
         """
-        tokens, c = self.embed(x, t, y, force_drop_ids, h)
+        tokens, c = self.embed(x, t, y, force_drop_ids, h, w)
         route = route if self.training else None
         if repa:
             tokens, hidden = run_blocks(self._iter_layers(), tokens, c, route, rotary=True, capture=aligned_depth(self))
@@ -185,4 +190,5 @@ def build_large_dit(cfg, size):
         if options[key] is None:  # None keeps the named size's value
             options[key] = value
     check_sizes(options["dim"], options["n_heads"], options["n_kv_heads"])
-    return attach_projector(DiT_Llama(**shared, **options, interval_embedding=takes_interval(cfg)), cfg)
+    return attach_projector(DiT_Llama(**shared, **options, interval_embedding=takes_interval(cfg),
+                                    guidance_embedding=takes_guidance_scale(cfg)), cfg)
