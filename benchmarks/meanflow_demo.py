@@ -2,11 +2,12 @@
 overrides, then score 1- and 2-step samples of several post-hoc EMA widths at several steps of the run.
 
     python benchmarks/meanflow_demo.py --seed 1 --out /tmp/mf_s1 [--set meanflow.omega=1.5 ...]
-        [--steps 800] [--every 100] [--at 400,600,800] [--widths 0.05,0.10] [--sample-steps 1,2]
+        [--steps 800] [--every 100] [--at 400,600,800] [--widths 0.05,0.10] [--sample-steps 1,2] [--scales 1.1,1.3]
     python benchmarks/meanflow_demo.py --score-only --out /tmp/mf_s1 ...    # a finished run, scored again
 
 Each row: the snapshot step, the EMA width, the sampler's steps, FID against the real digits (digit network,
-1,000 samples, every class alike, seed 0 noise as the demo draws) and the share a digit classifier recognises,
+1,000 samples, every class alike, seed 0 noise and
+the step counts' schedules as the demo draws) and the share a digit classifier recognises,
 with the training seconds so far. Rows are also appended to OUT/scores.jsonl.
 """
 
@@ -44,9 +45,11 @@ def configure(args) -> dict:
     return cfg
 
 
-def score(out, step, width, sample_steps, num, device) -> list:
-    """[(sampler steps, fid, recognised)] of `num` samples from the EMA of `width` rebuilt at `step`."""
+def score(out, step, width, sample_steps, num, device, scale=None) -> list:
+    """[(sampler steps, fid, recognised)] of `num` samples from the EMA of `width` rebuilt at `step`, at guidance
+    scale `scale` (a run with meanflow.omega_range; None: the run's own sample.cfg_scale)."""
     from dit_trainer.demo import measure
+    from dit_trainer.meanflow.demo import SCHEDULES
     from dit_trainer.objective import build_objective
     from dit_trainer.phema import reconstruct
     from dit_trainer.sample.decode import load_decoder, to_images
@@ -60,7 +63,9 @@ def score(out, step, width, sample_steps, num, device) -> list:
     labels = np.arange(num) % model.num_classes
     rows = []
     for k in sample_steps:
-        x = sample_latents(model, objective, labels, cfg_scale=1.0, steps=k, seed=0, device=device)
+        timesteps = list(SCHEDULES[k]) if k in SCHEDULES else None  # the demo's schedule where it has one
+        x = sample_latents(model, objective, labels, cfg_scale=cfg.sample.cfg_scale if scale is None else scale,
+                           steps=k, seed=0, device=device, timesteps=timesteps)
         npz = save_npz(Path(out) / "scored.npz", to_images(x, *load_decoder(cfg, device=device)), labels)
         m = measure(npz, device)
         rows.append((k, m["fid"], m["recognised"]))
@@ -78,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-steps", default="1,2")
     ap.add_argument("--num", type=int, default=1000)
     ap.add_argument("--set", action="append", default=[], help="dotted.key=value over the demo's config")
+    ap.add_argument("--scales", default="", help="guidance scales to sample at, for a run with meanflow.omega_range "
+                    "(default: the run's own)")
     ap.add_argument("--score-only", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
@@ -100,15 +107,18 @@ def main(argv=None) -> int:
     sample_steps = [int(k) for k in args.sample_steps.split(",")]
     print(f"# seed {args.seed}, {args.steps} steps{f' in {seconds:.0f} s' if seconds else ''}; sets: "
           f"{' '.join(args.set) or 'none'}")
-    print("| step | EMA width | sampler steps | FID | recognised |\n|--:|--:|--:|--:|--:|")
+    scales = [float(s) for s in args.scales.split(",") if s] or [None]
+    print("| step | EMA width | scale | sampler steps | FID | recognised |\n|--:|--:|--:|--:|--:|--:|")
     with open(Path(args.out) / "scores.jsonl", "a") as log:
         for step in at:
             for width in widths:
-                for k, fid, rec in score(args.out, step, width, sample_steps, args.num, torch.device("cpu")):
-                    print(f"| {step} | {width} | {k} | {fid:.2f} | {rec:.1%} |", flush=True)
-                    log.write(json.dumps({"seed": args.seed, "sets": args.set, "step": step, "width": width,
-                                          "sample_steps": k, "fid": fid, "recognised": rec,
-                                          "train_seconds": seconds}) + "\n")
+                for scale in scales:
+                    for k, fid, rec in score(args.out, step, width, sample_steps, args.num, torch.device("cpu"),
+                                             scale):
+                        print(f"| {step} | {width} | {scale or 'run'} | {k} | {fid:.2f} | {rec:.1%} |", flush=True)
+                        log.write(json.dumps({"seed": args.seed, "sets": args.set, "step": step, "width": width,
+                                              "scale": scale, "sample_steps": k, "fid": fid, "recognised": rec,
+                                              "train_seconds": seconds}) + "\n")
     return 0
 
 
