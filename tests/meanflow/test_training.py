@@ -69,12 +69,14 @@ def test_dit_and_large_dit_train_as_meanflow(tmp_path, kind):
     assert before and all(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_resume_is_bitwise(tmp_path):
-    whole = train(meanflow_config(tmp_path / "whole"))
+@pytest.mark.parametrize("meanflow", [{}, {"omega_range": [1.0, 2.0], "omega": 1.5, "kappa": 0.0}],
+                         ids=["official", "scale-range"])
+def test_resume_is_bitwise(tmp_path, meanflow):
+    whole = train(meanflow_config(tmp_path / "whole", meanflow=meanflow))
     part = tmp_path / "part"
     (part / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "whole" / "checkpoints" / "step-00000002", part / "checkpoints" / "step-00000002")
-    resumed = train(meanflow_config(part))
+    resumed = train(meanflow_config(part, meanflow=meanflow))
     assert resumed.step == whole.step == 4
     for name in ("model", "ema"):
         a = load_file(tmp_path / "whole" / "checkpoints" / "step-00000004" / f"{name}.safetensors")

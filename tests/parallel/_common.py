@@ -194,6 +194,7 @@ LAYOUTS_2.update({"pixart_fsdp": LAYOUTS_2["fsdp"], "pixart_tp": LAYOUTS_2["tp"]
 BLOCK_OPTION_LAYOUTS = {"blockopts_tp": LAYOUTS_2["tp"], "blockopts_fsdp": LAYOUTS_2["fsdp"]}
 
 
+SCALE_RANGE = {"omega_range": [1.0, 2.0], "omega": 1.5, "kappa": 0.0}
 # The objectives' training options, each under FSDP and TP ("opt-<name>_fsdp", "opt-<name>_tp")
 # against its own 1-process run ("opt-<name>_reference"): (tiny model, config sections).
 OPTIONS = {
@@ -202,10 +203,12 @@ OPTIONS = {
     "minsnr": ("dit", {"diffusion": {"loss_weighting": "min-snr", "min_snr_gamma": 2.0}}),
     "direction": ("sit", {"transport": {"t_sampler": "logit-normal", "direction_loss_weight": 0.5}}),
     # MeanFlow's three du/dt paths (TP only for the difference: DTensor has no forward-mode AD). norm_p 0.5:
-    # the default adaptive weight logs every loss as about 1, which would hide a layout's difference.
+    # the default adaptive weight logs every loss as about 1, which would hide a layout's difference. The
+    # separate path guides with the official omega and kappa; the other two draw each sample's scale
+    # (omega_range), which the network takes as an input.
     "mfseparate": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5}}),
-    "mfgraph": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "graph"}}),
-    "mfdifference": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference"}}),
+    "mfgraph": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "graph", **SCALE_RANGE}}),
+    "mfdifference": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference", **SCALE_RANGE}}),
 }
 # Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
 # the difference path, having no forward-mode AD, under TP (its DDP step is the separate path's).
