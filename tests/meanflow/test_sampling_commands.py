@@ -3,6 +3,7 @@ run's or the asked steps and records NFE = steps; guidance is refused in one lin
 diffusers; DiTPipeline samples it in one call."""
 
 import numpy as np
+import yaml
 import pytest
 import torch
 from tests.sample.test_sample_cli import tiny_cfg, write_ckpt
@@ -75,3 +76,32 @@ def test_the_training_grid_samples_meanflow_unguided(meanflow_ckpt, tmp_path):
     assert cfg.logging.sample_cfg_scale > 1
     path = sample_grid(model, build_objective(cfg), cfg, tmp_path / "grid.png", classes=[1, 2], per_class=1, steps=1)
     assert path.is_file()
+
+
+def test_a_run_trained_over_a_scale_range_samples_at_the_scale_asked(tmp_path, capsys):
+    """`dit sample --cfg-scale` hands a scale inside meanflow.omega_range to the network (one evaluation per
+    step); the pipeline's default is the run's omega; a scale outside the range is one line."""
+    from tests.sample.test_sample_cli import tiny_model
+
+    from dit_trainer.checkpoint import save_checkpoint
+
+    cfg = tiny_cfg()
+    cfg.objective = "meanflow"
+    cfg.meanflow.omega_range, cfg.meanflow.omega, cfg.meanflow.kappa = [1.0, 2.0], 1.5, 0.0
+    model = tiny_model(cfg)
+    with torch.no_grad():  # the scale embedder starts at zero; give it an effect to see
+        model.w_embedder.mlp[2].weight.normal_(generator=torch.Generator().manual_seed(0))
+    state = model.state_dict()
+    files = {"ema.safetensors": state, "model.safetensors": state, "config.yaml": yaml.safe_dump(cfg.to_dict())}
+    ckpt = save_checkpoint(tmp_path / "run", 1, files)
+    images = {}
+    for scale in ("1.2", "1.8"):
+        assert _sample(ckpt, tmp_path / f"{scale}.npz", "--cfg-scale", scale) == 0
+        with np.load(tmp_path / f"{scale}.npz") as f:
+            images[scale] = f["arr_0"]
+    assert not np.array_equal(images["1.2"], images["1.8"])
+    assert _sample(ckpt, tmp_path / "out.npz", "--cfg-scale", "3") == 2
+    assert "outside the scales this run trained on" in capsys.readouterr().err
+    got = DiTPipeline.from_pretrained(ckpt)(class_labels=[1, 2], seed=3, output_type="np")
+    want = sample_latents(model.eval(), build_config(ckpt / "config.yaml"), [1, 2], cfg_scale=1.5, steps=1, seed=3)
+    assert np.allclose(got, ((want.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1).numpy(), atol=1e-6)
