@@ -132,10 +132,47 @@ def test_graph_jvp_is_refused_under_ddp(tmp_path):
     preflight.check_layout(cfg, DDP())
 
 
-def test_a_family_without_the_interval_input_is_refused_in_one_line(tmp_path):
-    """PixArt builds no interval embedder: a MeanFlow run of it stops before its first step, in one line."""
+@pytest.mark.parametrize("meanflow", [{"kappa": 0.5, "omega": 1.5},
+                                      {"omega_range": [1.0, 2.0], "omega": 1.5, "kappa": 0.0}],
+                         ids=["official-guidance", "scale-range"])
+def test_pixart_trains_as_meanflow_on_captions(tmp_path, meanflow):
+    """The text-conditioned family takes MeanFlow steps: its interval (and scale) embedders start at zero beside
+    the release's tensors, the guided target's unconditional velocity is the null caption's, and h is learnt."""
     from tests.parallel._common import TinyCaptions
 
-    cfg = tiny_config(tmp_path / "run", kind="pixart", objective="meanflow", train={"max_steps": 1})
-    with pytest.raises(ConfigError, match="needs the interval input h, which model PixArt"):
-        DiTTrainer(cfg, dataset=TinyCaptions())
+    cfg = tiny_config(tmp_path / "run", kind="pixart", objective="meanflow", train={"max_steps": 3},
+                      meanflow={"ratio": 0.5, **meanflow})
+    trainer = DiTTrainer(cfg, dataset=TinyCaptions())
+    state = trainer.model.state_dict()
+    names = ("h_embedder", "w_embedder") if "omega_range" in meanflow else ("h_embedder",)
+    before = {k: v.clone() for k, v in state.items() if k.startswith(tuple(f"{n}.mlp.2" for n in names))}
+    assert before and all(bool((v == 0).all()) for v in before.values())
+    assert ("w_embedder.mlp.2.weight" in state) == ("omega_range" in meanflow)
+    loader = trainer.build_loader()
+    out = [trainer.train_step(next(loader)) for _ in range(3)][-1]
+    assert torch.isfinite(torch.tensor(out["loss"])) and out["grad_norm"] > 0
+    after = trainer.model.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+    # Sampling the captions: MeanFlow's steps, the caption (and scale) as the network's inputs.
+    from dit_trainer.meanflow.sampler import sample_meanflow
+    from dit_trainer.sample.sampling import sample_conditioned
+
+    model, data = trainer.model.eval(), TinyCaptions()
+    cond = {"text_embeds": data.text_embeds[:2].float(), "text_mask": data.text_mask[:2]}
+    got = sample_conditioned(model, trainer.cfg, trainer.condition, cond, cfg_scale=1.5 if "omega_range" in meanflow
+                             else 1.0, steps=2, seed=5)
+    scale = {"w": torch.full((2,), 1.5)} if "omega_range" in meanflow else {}
+    z = torch.randn((2, 4, 8, 8), generator=torch.Generator().manual_seed(5))
+    want = sample_meanflow(lambda x, t, **kw: model(x, t, **kw), z, [1.0, 0.5, 0.0], {**cond, **scale})
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_family_without_the_interval_input_is_refused_in_one_line():
+    """A registered family whose builder adds no interval embedder stops a MeanFlow run before its first step."""
+    from dit_trainer.config import build_config
+    from dit_trainer.models.interval import check_interval
+
+    cfg = build_config({"objective": "meanflow", "model": {"name": "SiT-S/2", "input_size": 8, "depth": 1}})
+    with pytest.raises(ConfigError, match="needs the interval input h, which model Custom") as err:
+        check_interval(torch.nn.Linear(1, 1), cfg, "Custom")
+    assert "\n" not in str(err.value)

@@ -209,10 +209,13 @@ OPTIONS = {
     "mfseparate": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5}}),
     "mfgraph": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "graph", **SCALE_RANGE}}),
     "mfdifference": ("mf", {"meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference", **SCALE_RANGE}}),
+    # The text-conditioned family as MeanFlow: the guided target's unconditional velocity is the null caption's.
+    "mfpixart": ("pixart", {"objective": "meanflow",
+                            "meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference", "omega": 1.5}}),
 }
 # Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
 # the difference path, having no forward-mode AD, under TP (its DDP step is the separate path's).
-OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("tp",)}
+OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("tp",), "mfpixart": ("fsdp", "tp")}
 LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
                    for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 

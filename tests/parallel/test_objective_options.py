@@ -1,6 +1,7 @@
 """The objectives' training options (shaped timestep densities, min-SNR, the direction term) under
 FSDP and TP on gloo, and MeanFlow's du/dt paths under DDP (two steps and more), FSDP and (the central
-difference) TP: every step's loss and gradient norm equal one process's."""
+difference) TP, and PixArt as MeanFlow under FSDP and TP: every step's loss and gradient norm equal one
+process's."""
 
 import pytest
 from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, read_losses,
@@ -24,7 +25,7 @@ def runs(two_rank_runs):
 @pytest.mark.parametrize("layout", list(LAYOUTS_OPTIONS))
 def test_option_matches_single_process(runs, layout):
     reference = runs / f"{layout.split('_')[0]}_reference"
-    assert kind_of(layout) in ("dit", "sit", "mf")
+    assert kind_of(layout) in ("dit", "sit", "mf", "pixart")
     for key in ("loss", "grad_norm"):
         ref, got = read_losses(reference, key), read_losses(runs / layout, key)
         assert sorted(got) == list(range(1, STEPS + 1))
@@ -34,7 +35,7 @@ def test_option_matches_single_process(runs, layout):
 
 def test_options_change_the_loss(runs):
     """Each option's run differs from the plain run of its model: the option reached the objective."""
-    for kind in ("dit", "sit", "mf"):
+    for kind in ("dit", "sit", "mf", "pixart"):
         train_one_process(runs / f"plain_{kind}", kind=kind)
     for opt, (kind, _) in OPTIONS.items():
         assert read_losses(runs / f"opt-{opt}_reference")[1] != read_losses(runs / f"plain_{kind}")[1], opt

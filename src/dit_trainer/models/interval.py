@@ -52,7 +52,7 @@ def check_interval(model, cfg, name: str) -> None:
 
     if takes_interval(cfg) and getattr(model, EMBEDDER, None) is None:
         raise ConfigError(f"objective {cfg.objective} needs the interval input h, which model {name} does not build "
-                          "(its family has no interval embedding yet); use a DiT, SiT or Large-DiT model")
+                          "(its family has no interval embedding yet); use a DiT, SiT, Large-DiT or PixArt model")
 
 
 def is_interval_key(key: str, name: str = None) -> bool:

@@ -16,6 +16,7 @@ from dit_trainer.models.pixart.sizes import HUB_NAMES, RELEASES
 from dit_trainer.models.pixart.state_dict import PixArtStateDictAdapter
 from dit_trainer.models.pixart.weights_shape import weights_shape
 from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
+from dit_trainer.objective import takes_guidance_scale, takes_interval
 
 _MODEL = "dit_trainer.models.pixart.model"
 _LAZY = {name: _MODEL for name in ("PixArt", "PixArtBlock", "MultiHeadCrossAttention", "T2IFinalLayer",
@@ -40,7 +41,8 @@ def _builder(name: str):
         shared, options = build_kwargs(cfg, PixArtConfig)
         module = importlib.import_module(_MODEL)
         return module.build_pixart(options.resolved(name), shared.get("input_size", 32), shared.get("in_channels", 4),
-                                   shared.get("learn_sigma", True))
+                                   shared.get("learn_sigma", True), interval_embedding=takes_interval(cfg),
+                                   guidance_embedding=takes_guidance_scale(cfg))
 
     return build
 

@@ -11,6 +11,8 @@ A PixArt is DiT-XL/2 made text-conditional (paper, section 2.3):
   DiT's per-block adaLN MLPs of the class and timestep;
 - at 1024 px (PixArt-alpha), micro-conditions: the image's resolution and aspect ratio embedded like
   timesteps and added to the timestep embedding (SDXL's idea).
+Trained as MeanFlow, the interval h (and, with a range of guidance scales, the scale w) are embedded the same
+way and added to the timestep embedding before adaLN-single (`models/interval.py`; absent otherwise).
 There is no class embedding, and no learned null caption: a dropped caption is the text encoder's
 encoding of "" (`dit_trainer.condition.text`). Module and parameter names are the release's
 (PixArt-alpha's `PixArt.py`/`PixArtMS.py`), so its checkpoints load by name.
@@ -22,6 +24,7 @@ import torch.nn as nn
 from dit_trainer.models.attention import attention
 from dit_trainer.models.dit.model import TimestepEmbedder
 from dit_trainer.models.guidance import guided_forward
+from dit_trainer.models.interval import add_interval, zero_interval_embedding
 from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, init_backbone, set_io, unpatchify
 
 TEXT_KEYS = ("text_embeds", "text_mask")
@@ -115,7 +118,7 @@ class PixArt(nn.Module):
 
     def __init__(self, input_size=32, patch_size=2, in_channels=4, hidden_size=1152, depth=28, num_heads=16,
                  mlp_ratio=4.0, caption_channels=4096, learn_sigma=True, interpolation_scale=1.0,
-                 micro_conditions=False):
+                 micro_conditions=False, interval_embedding=False, guidance_embedding=False):
         super().__init__()
         set_io(self, input_size, patch_size, in_channels, 0, learn_sigma)
         self.num_heads, self.interpolation_scale = num_heads, float(interpolation_scale)
@@ -133,6 +136,10 @@ class PixArt(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, self.x_embedder.num_patches, hidden_size), requires_grad=False)
         self.blocks = nn.ModuleList([PixArtBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
         self.final_layer = T2IFinalLayer(hidden_size, patch_size, self.out_channels)
+        if interval_embedding:  # MeanFlow's interval h = t - r; absent otherwise, so the state dict is the release's
+            self.h_embedder = TimestepEmbedder(hidden_size)
+        if guidance_embedding:  # improved MeanFlow's guidance scale
+            self.w_embedder = TimestepEmbedder(hidden_size)
         self.initialize_weights()
 
     def initialize_weights(self):
@@ -151,25 +158,28 @@ class PixArt(nn.Module):
             nn.init.constant_(block.cross_attn.proj.bias, 0)
         nn.init.constant_(self.final_layer.linear.weight, 0)
         nn.init.constant_(self.final_layer.linear.bias, 0)
+        zero_interval_embedding(self)
 
-    def embed_timestep(self, t, resolution=None, aspect_ratio=None):
-        """The timestep embedding (B, D), with the micro-conditions' added where the model has them."""
-        t_emb = self.t_embedder(t)
+    def embed_timestep(self, t, resolution=None, aspect_ratio=None, h=None, w=None):
+        """The timestep embedding (B, D), with the micro-conditions' added where the model has them, and
+        MeanFlow's interval h and guidance scale w where it embeds them."""
+        t_emb = add_interval(self, self.t_embedder(t), t, h, w)
         if not self.micro_conditions:
             return t_emb
         if resolution is None or aspect_ratio is None:
             raise ValueError("this PixArt takes micro-conditions: pass resolution (B, 2) and aspect_ratio (B, 1)")
         return t_emb + torch.cat([self.csize_embedder(resolution), self.ar_embedder(aspect_ratio)], dim=1)
 
-    def forward(self, x, t, text_embeds, text_mask=None, resolution=None, aspect_ratio=None):
+    def forward(self, x, t, text_embeds, text_mask=None, resolution=None, aspect_ratio=None, h=None, w=None):
         """x: (B, C, H, W) latents, t: (B,) timesteps, text_embeds: (B, L, caption_channels) the text
         encoder's last hidden states, text_mask: (B, L) 1 for the caption's tokens -> (B, out_channels, H, W).
 
         `resolution` (B, 2) (height, width in pixels) and `aspect_ratio` (B, 1) for a model with
-        micro-conditions. Dropped captions arrive already replaced by the null caption's encoding.
+        micro-conditions. Dropped captions arrive already replaced by the null caption's encoding. `h` (B,):
+        MeanFlow's interval t - r and `w` (B,) its guidance scale, for a model built to embed them.
         """
         tokens = self.x_embedder(x) + self.pos_embed
-        t_emb = self.embed_timestep(t, resolution, aspect_ratio)
+        t_emb = self.embed_timestep(t, resolution, aspect_ratio, h, w)
         t_mod = self.t_block(t_emb)  # adaLN-single: one MLP for every block
         y = self.y_embedder(text_embeds)
         mask = None if text_mask is None else text_mask.bool()[:, None, None, :]
@@ -184,9 +194,12 @@ class PixArt(nn.Module):
         return guided_forward(lambda x2, t2, _: self.forward(x2, t2, **cond), x, t, None, cfg_scale, channels)
 
 
-def build_pixart(options: dict, input_size, in_channels, learn_sigma) -> PixArt:
-    """A PixArt of resolved options (`PixArtConfig.resolved`) and the shared shape fields."""
+def build_pixart(options: dict, input_size, in_channels, learn_sigma, interval_embedding=False,
+                 guidance_embedding=False) -> PixArt:
+    """A PixArt of resolved options (`PixArtConfig.resolved`) and the shared shape fields; `interval_embedding`
+    and `guidance_embedding` where its objective (MeanFlow) asks for them."""
     options = dict(options)
     caption_channels = options.pop("text_hidden_size")  # the config's generic name for PixArt's caption_channels
     return PixArt(input_size=input_size, in_channels=in_channels, learn_sigma=learn_sigma,
-                  caption_channels=caption_channels, **options)
+                  caption_channels=caption_channels, interval_embedding=interval_embedding,
+                  guidance_embedding=guidance_embedding, **options)
