@@ -80,3 +80,18 @@ def test_a_null_caption_of_another_length_or_width_is_one_line(cond):
     cond.set_null({"text_embeds": torch.zeros(5, 2), "text_mask": torch.ones(5)}, "cpu")
     with pytest.raises(DataError, match="null caption's text_embeds is"):
         cond.drop(cond.inputs(_batch(), "cpu"), torch.ones(4, dtype=torch.bool))
+
+
+def test_micro_conditions_a_batch_lacks_are_the_training_images():
+    """A micro-conditioned model trained on captions that carry no image sizes sees the training images' size,
+    square (PixArt-alpha's fixed-resolution data); a batch's own values are kept."""
+    keys = ("text_embeds", "text_mask", "resolution", "aspect_ratio")
+    cond = TextCondition(keys, 0.5, "PixArt-test", width=2, image_size=256)
+    batch = {k: v for k, v in _batch(3).items() if k != "resolution"}
+    kwargs = cond.inputs(batch, "cpu")
+    assert torch.equal(kwargs["resolution"], torch.full((3, 2), 256.0))
+    assert torch.equal(kwargs["aspect_ratio"], torch.ones(3, 1))
+    own = cond.inputs({**batch, "resolution": torch.full((3, 2), 512.0)}, "cpu")
+    assert torch.equal(own["resolution"], torch.full((3, 2), 512.0))
+    with pytest.raises(DataError, match="lacks resolution, aspect_ratio"):  # no image size known: as before
+        TextCondition(keys, 0.5, "PixArt-test", width=2).inputs(batch, "cpu")

@@ -17,10 +17,19 @@ from dit_trainer.errors import ConfigError, DataError
 # The caption's tensors: what dropout and the null caption replace. Other keys (micro-conditions)
 # describe the image and stay as they are.
 CAPTION_KEYS = ("text_embeds", "text_mask", "text_pooled")
+# An image's micro-conditions (PixArt-alpha 1024's): its size in pixels (height, width) and height / width.
+MICRO_KEYS = ("resolution", "aspect_ratio")
 # Captions held out for validation by default (fewer for data under 6,400 images: at most 1%).
 VAL_SPLIT = 64
 # Integer tensors keep their dtype (the mask); the rest are float32 inputs that autocast casts.
 _INTEGER = ("text_mask",)
+
+
+def square_micro_conditions(keys, n: int, size, device="cpu") -> dict:
+    """The micro-conditions among `keys` of `n` square images of `size` pixels: `resolution` (n, 2) [size, size],
+    `aspect_ratio` (n, 1) 1; as PixArt-alpha's fixed-resolution data and diffusers' pipeline give them."""
+    values = {"resolution": [float(size), float(size)], "aspect_ratio": [1.0]}
+    return {k: torch.tensor([values[k]] * n, device=device) for k in keys if k in values}
 
 
 def _row_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -34,9 +43,11 @@ class TextCondition(Condition):
     name = "text"
     grid_from_rows = True  # prompts (logging.validation_prompts) or held-out captions
 
-    def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None):
+    def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None, image_size=None):
         super().__init__(dropout_prob)
         self.width = width  # the token embeddings' width the model takes (the model's caption_channels), if known
+        # The training images' size in pixels: the micro-conditions of a batch that does not carry its own.
+        self.image_size = image_size
         self.keys = tuple(keys)
         self.caption_keys = tuple(k for k in self.keys if k in CAPTION_KEYS)
         if "text_embeds" not in self.caption_keys:
@@ -48,7 +59,8 @@ class TextCondition(Condition):
     def from_config(cls, cfg, model=None):
         """The keys `model.condition_keys` declares, captions dropped with `data.caption_dropout_prob`."""
         keys = getattr(model, "condition_keys", ("text_embeds", "text_mask"))
-        return cls(keys, cfg.data.caption_dropout_prob, cfg.model.name, getattr(model, "caption_channels", None))
+        return cls(keys, cfg.data.caption_dropout_prob, cfg.model.name, getattr(model, "caption_channels", None),
+                   getattr(cfg.data, "image_size", None))
 
     def check_config(self, cfg) -> None:
         # FID during training samples held-out captions with classifier-free guidance alone.
@@ -91,7 +103,13 @@ class TextCondition(Condition):
         self.set_null({k: v[0] for k, v in encoder.encode([""]).items()}, device, f"the text encoder {encoder.name}")
 
     def inputs(self, batch, device) -> dict:
-        """The caption tensors (and micro-conditions) of a `{"x", "text_embeds", "text_mask", ...}` batch."""
+        """The caption tensors (and micro-conditions) of a `{"x", "text_embeds", "text_mask", ...}` batch. Micro-
+        conditions the batch does not carry are the training images' (square, `image_size` pixels)."""
+        if isinstance(batch, dict) and self.image_size and "text_embeds" in batch:
+            absent = [k for k in self.keys if k in MICRO_KEYS and k not in batch]
+            if absent:
+                n = len(batch["text_embeds"])
+                batch = {**batch, **square_micro_conditions(absent, n, self.image_size)}
         if not isinstance(batch, dict) or any(k not in batch for k in self.keys):
             have = sorted(batch) if isinstance(batch, dict) else f"a {type(batch).__name__} of {len(batch)}"
             missing = [k for k in self.keys if not isinstance(batch, dict) or k not in batch]

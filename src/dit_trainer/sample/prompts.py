@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from dit_trainer.condition.text import square_micro_conditions
 from dit_trainer.errors import ConfigError, DataError
 from dit_trainer.sample.prompt_text import check_prompts
 
@@ -36,9 +37,7 @@ def micro_conditions(model, n: int, image_size=None, device="cpu") -> dict:
     keys = getattr(model, "condition_keys", ())
     if "resolution" not in keys:
         return {}
-    size = float(image_size or model.input_size * 8)
-    return {"resolution": torch.tensor([[size, size]] * n, device=device),
-            "aspect_ratio": torch.tensor([[1.0]] * n, device=device)}
+    return square_micro_conditions(keys, n, image_size or model.input_size * 8, device)
 
 
 def negative_rows(condition, encoder, negative_prompt, n: int, device, micro=None) -> dict:

@@ -53,3 +53,22 @@ def test_class_label_sampling_refuses_a_caption_model():
     with pytest.raises(ConfigError) as err:
         sample_latents(tiny_pixart(), None, [0, 1], steps=2)
     assert "text_embeds" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_micro_conditioned_pixart_trains_on_captions_without_image_sizes(tmp_path):
+    """PixArt-alpha 1024's micro-conditions come from the data: captioned latents carry no image sizes, so each
+    image is the training images' size (data.image_size), square; the size embedders are learnt."""
+    from tests.parallel._common import TinyCaptions, tiny_config
+
+    from dit_trainer.train import DiTTrainer
+
+    cfg = tiny_config(tmp_path / "run", kind="pixart", model={"micro_conditions": True}, data={"image_size": 64},
+                      train={"max_steps": 2})
+    trainer = DiTTrainer(cfg, dataset=TinyCaptions())
+    assert trainer.condition.image_size == 64 and "resolution" in trainer.model.condition_keys
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if k.startswith("csize_embedder.mlp.2")}
+    loader = trainer.build_loader()
+    out = [trainer.train_step(next(loader)) for _ in range(2)][-1]
+    assert torch.isfinite(torch.tensor(out["loss"]))
+    after = trainer.model.state_dict()
+    assert before and all(not torch.equal(before[k], after[k]) for k in before)
