@@ -18,6 +18,16 @@ class Objective:
     default_sampler = None
     # Whether sampling may guide (classifier-free, autoguidance); False where guidance is trained in (MeanFlow).
     guided_sampling = True
+    # Where guidance is trained in: the scale a sample asks for by default (`scale_inputs` takes it).
+    trained_scale = 1.0
+
+    def scale_inputs(self, scale, n, device) -> dict:
+        """Where guidance is trained in: the model's keyword arguments that ask `n` samples for guidance scale
+        `scale`; by default none, and a scale of 1 only (one-line ConfigError otherwise)."""
+        if float(scale) != 1:
+            raise ConfigError(f"objective {self.name} samples unguided: its guidance is trained in; sample with a cfg "
+                              "scale of 1")
+        return {}
 
     def draw(self, n, sample_shape, generator, device):
         """Every per-sample random value of a step for the whole global batch, from `generator` only."""
