@@ -9,7 +9,8 @@ same in-memory batches, alternating step by step in one process; on a GPU each v
 
 Variants: `flow` (SiT's velocity loss), `mf separate` / `mf graph` (meanflow.jvp; guidance at the official
 omega 1, kappa 0.5: two more forwards under no_grad), `unguided` the same without guidance (omega 1, kappa 0),
-`omega 2` with guidance of kappa 0 (one more forward: only the unconditional velocity).
+`omega 2` with guidance of kappa 0 (one more forward: only the unconditional velocity). A name ending in
+`width N` builds the demo's network at width N (`demo difference width 128`: the MeanFlow demo's).
 `--check-compile` trains two MeanFlow steps eager and compiled (train.compile true) and prints both losses
 and gradient norms (the first compiled step costs about a minute on two CPU cores).
 """
@@ -45,11 +46,18 @@ VARIANTS.update({f"demo {path} sample tangent": ("meanflow", {**_DEMO, "jvp": pa
                  for path in ("separate", "difference")})
 
 
-def _config(args, out, objective, meanflow, **train):
+def _variant(name):
+    """(objective, meanflow section, width) of a variant name; "... width N" gives the demo's network width N."""
+    base, _, width = name.partition(" width ")
+    objective, meanflow = VARIANTS[base]
+    return objective, meanflow, int(width) if width else None
+
+
+def _config(args, out, objective, meanflow, width=None, **train):
     model = {"name": args.model, "input_size": args.input_size, "in_channels": args.in_channels,
              "num_classes": args.num_classes, "learn_sigma": False}
-    if args.model == "demo":  # the digits demo's DiT-S/4-shaped network
-        model.update(name="SiT-S/4", depth=4, hidden_size=192, num_heads=4)
+    if args.model == "demo":  # the digits SiT demo's DiT-S/4-shaped network (the MeanFlow demo's is width 128)
+        model.update(name="SiT-S/4", depth=4, hidden_size=width or 192, num_heads=4)
     return {"output_dir": out, "objective": objective, "meanflow": meanflow, "model": model,
             "data": {"num_workers": 0}, "optim": {"max_grad_norm": 1e6},
             "train": {"global_batch_size": args.batch_size, "device": args.device, "compile": "false",
@@ -91,7 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed-precision", default="fp32")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS)
+                    + " (each may end in 'width N': the demo's network at width N)")
     ap.add_argument("--check-compile", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
@@ -106,8 +115,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trainers, peaks = {}, {}
         for i, name in enumerate(names):
-            objective, meanflow = VARIANTS[name]
-            trainers[name] = DiTTrainer(_config(args, f"{tmp}/{i}", objective, meanflow))
+            objective, meanflow, width = _variant(name)
+            trainers[name] = DiTTrainer(_config(args, f"{tmp}/{i}", objective, meanflow, width))
         times = {name: [] for name in names}
         for step in range(args.warmup + args.steps):
             for name, trainer in trainers.items():  # alternating: the machine's drift hits every variant alike

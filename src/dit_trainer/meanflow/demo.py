@@ -1,7 +1,7 @@
 """`dit demo --objective meanflow`: what the digits demo changes to train a one-step generator.
 
-The network, data and post-hoc EMA are the SiT demo's (`demo.demo_config`); these settings replace its
-objective, length and sampling. Its samples are drawn by MeanFlow's own sampler at 1 and 2 steps from the
+The data and post-hoc EMA are the SiT demo's (`demo.demo_config`), its network narrowed from width 192 to 128;
+these settings replace its objective, width, length and sampling. Its samples are drawn by MeanFlow's own sampler at 1 and 2 steps from the
 post-hoc EMA of width `MAIN_STD` at the last step, without classifier-free guidance or a guide: the
 guidance is folded into training. Torch-free: `dit demo` reads it before building anything.
 """
@@ -10,13 +10,18 @@ guidance is folded into training. Torch-free: `dit demo` reads it before buildin
 # "demo difference"): the loss's forward and backward, one forward without gradient for the
 # unconditional velocity (omega 1.15, kappa 0), and on the 75% of samples with r != t one for the tangent
 # (the network's own velocity, improved MeanFlow's) and two for du/dt (the central difference costs less than
-# the JVP's dual tensors on a CPU), so the SiT demo's 1,200 steps at batch 64 buy 1,110 of them at batch 32.
+# the JVP's dual tensors on a CPU), so the SiT demo's 1,200 steps at batch 64 buy 1,110 of them at batch 32
+# at the SiT demo's width. Width 128 costs 0.55x that step (benchmarks/meanflow_step.py, "demo difference width
+# 128"), but not the loop's own share (data, post-hoc EMA), so 1,800 steps train in the time 1,110 did; the
+# updates gained outweigh the width lost: at 1,110 steps width 128 scored as well as 192 (seed 1: 1-step FID 15.5
+# against 16.0), and at 1,850-2,050 steps both step counts improved on seeds 1 and 2 (benchmarks/RESULTS.md).
 # Guidance omega 1.15: omega 2 (an effective classifier-free scale of 2) halved the samples' recall and took
 # 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised. The predicted tangent at 1,110
 # steps against the sample's at 1,280 (the same training time), seeds 1 and 2: 2-step FID 12.2 and 8.3
 # against 11.8 and 11.8, 1-step 14.5 and 13.4 against 12.1 and 16.0 (benchmarks/RESULTS.md, "MeanFlow on the
 # digits").
-STEPS = 1110
+STEPS = 1800
+WIDTH = 128
 BATCH = 32  # half the SiT demo's: at equal samples seen, twice the updates (1-step FID 12 against 19 at batch 64)
 SAMPLE_STEPS = (1, 2)  # the sampling step counts the demo scores; the first draws the grid
 # Each step count's schedule (paper's t, noise at 1). Two steps stop at t = 0.75, not halfway: on seeds 1 and 2
@@ -32,6 +37,7 @@ def settings(steps: int) -> dict:
         "meanflow": {"omega": 1.15, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted",
                      "steps": 1},
         "train": {"global_batch_size": BATCH},
+        "model": {"hidden_size": WIDTH},
     }
 
 
