@@ -160,6 +160,16 @@ def deterministic():
         torch.use_deterministic_algorithms(was)
 
 
+def learns(trainer, prefixes, steps: int):
+    """(the last of `steps` train steps' metrics, whether every tensor whose name starts with one of `prefixes`
+    changed; False where there is none)."""
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items() if k.startswith(tuple(prefixes))}
+    loader = trainer.build_loader()
+    out = [trainer.train_step(next(loader)) for _ in range(steps)][-1]
+    after = trainer.model.state_dict()
+    return out, bool(before) and all(not torch.equal(before[k], after[k]) for k in before)
+
+
 def read_losses(out, key="loss") -> dict:
     """step -> loss (or another metric) from a run's metrics.jsonl."""
     rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines() if line.strip()]
