@@ -119,14 +119,9 @@ def check_omega_range(m):
 
 
 def check_sample_scale(m, scale) -> float:
-    """The guidance scale a sample of section `m` asks for: 1 where the scale is trained in at one omega, a
-    scale inside meanflow.omega_range where the network takes it; a one-line ConfigError otherwise."""
+    """The guidance scale a sample of section `m` (with meanflow.omega_range) asks for, inside that range; a
+    one-line ConfigError otherwise."""
     scale = float(scale)
-    if m.omega_range is None:
-        if scale != 1:
-            raise ConfigError("objective meanflow samples unguided: its guidance is trained in (meanflow.omega, "
-                              "meanflow.kappa); sample with a cfg scale of 1 and no guide")
-        return scale
     lo, hi = m.omega_range
     if not lo <= scale <= hi:
         raise ConfigError(f"cfg scale {scale:g} is outside the scales this run trained on (meanflow.omega_range "

@@ -103,9 +103,9 @@ class MeanFlowObjective(Objective):
         m = self.config
         index, rows = _rows((t >= m.guidance_t_start) & (t <= m.guidance_t_end) & (model_fn.dropped == 0))
         fn, z_g, t_g = model_fn.rows(rows), z[rows], t[rows]
-        scale = {} if w is None else {"w": torch.ones_like(t_g)}
         with torch.no_grad():
-            v_uncond = self.u(fn, z_g, t_g, t_g, drop=torch.ones_like(fn.dropped), **scale)
+            v_uncond = self.u(fn, z_g, t_g, t_g, drop=torch.ones_like(fn.dropped),
+                              w=None if w is None else torch.ones_like(t_g))
             v_cond = self.u(fn, z_g, t_g, t_g, drop=torch.zeros_like(fn.dropped)) if m.kappa else None
         omega = m.omega if w is None else w[rows]
         guided_v = guided_velocity(v[rows], t_g, v_uncond, v_cond, omega, m.kappa, m.guidance_t_start, m.guidance_t_end)
@@ -114,10 +114,8 @@ class MeanFlowObjective(Objective):
         return v_g
 
     def _u_fp32(self, model_fn, w=None):
-        scale = {} if w is None else {"w": w}
-
         def u_fp32(z, t, r):
-            return self.u(model_fn, z, t, r, amp=False, **scale)
+            return self.u(model_fn, z, t, r, amp=False, w=w)
 
         return u_fp32
 
@@ -133,7 +131,7 @@ class MeanFlowObjective(Objective):
         if self.config.tangent == "sample":
             return v
         with torch.no_grad():
-            return self.u(model_fn, z, t, t, **({} if w is None else {"w": w})).to(v.dtype)
+            return self.u(model_fn, z, t, t, w=w).to(v.dtype)
 
     def _moving_derivative(self, model_fn, z, t, r, v, w=None):
         """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
@@ -158,8 +156,7 @@ class MeanFlowObjective(Objective):
             u, dudt = time_derivative(self._u_fp32(model_fn, w), z, t, r, self.tangent(model_fn, z, t, v_g, w),
                                       graph=True)
         else:
-            # The loss's own forward, under the run's autocast like any train step.
-            u = self.u(model_fn, z, t, r, **({} if w is None else {"w": w}))
+            u = self.u(model_fn, z, t, r, w=w)  # the loss's own forward, under the run's autocast like any train step
             # After that forward is queued: choosing the samples waits for the device (a GPU runs it meanwhile).
             v_g = self.target_velocity(model_fn, z, t, v, w)
             dudt = self._moving_derivative(model_fn, z, t, r, v_g, w)
@@ -199,10 +196,9 @@ class MeanFlowObjective(Objective):
         """The model's keyword arguments that ask n samples for guidance scale `scale`: {"w": (n,)} where the
         network takes the scale (inside meanflow.omega_range), {} for a scale of 1 otherwise; one-line
         ConfigError for any other."""
-        scale = check_sample_scale(self.config, scale)
         if self.config.omega_range is None:
-            return {}
-        return {"w": torch.full((n,), scale, device=device)}
+            return super().scale_inputs(scale, n, device)
+        return {"w": torch.full((n,), check_sample_scale(self.config, scale), device=device)}
 
     def sample(self, model_fn, z, sampler=None, steps=None, model_kwargs=None, progress=False, **options):
         """x from noise z in `steps` network evaluations, z <- z - (t - r) u over the schedule; model_fn(x, t,
