@@ -1,9 +1,10 @@
 """`dit demo --objective meanflow`: what the digits demo changes to train a one-step generator.
 
-The data and post-hoc EMA are the SiT demo's (`demo.demo_config`), its network narrowed from width 192 to 128;
-these settings replace its objective, width, length and sampling. Its samples are drawn by MeanFlow's own sampler at 1 and 2 steps from the
-post-hoc EMA of width `MAIN_STD` at the last step, without classifier-free guidance or a guide: the
-guidance is folded into training. Torch-free: `dit demo` reads it before building anything.
+The data and post-hoc EMA are the SiT demo's (`demo.demo_config`), its network narrowed from width 192 to
+128; these settings replace its objective, width, length and sampling. Its samples are drawn by MeanFlow's
+own sampler at 1 and 2 steps from the post-hoc EMA of width `MAIN_STD` at the last step, without
+classifier-free guidance or a guide: the guidance is folded into training. Torch-free: `dit demo` reads it
+before building anything.
 """
 
 # A MeanFlow step of these settings costs about 2.1x the flow-matching step here (benchmarks/meanflow_step.py,

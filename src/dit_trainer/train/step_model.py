@@ -32,7 +32,8 @@ class StepModel:
 
     `drop` (n,) replaces the step's dropout mask for this call (all ones: unconditional, zeros:
     conditional; needs `held`); `amp=False` runs it in float32 inside the run's autocast; `h` is MeanFlow's
-    interval, `w` the guidance scale a model that embeds one is asked for. `dropped` is the step's own mask; `rows(index)` the same network for some of the samples."""
+    interval, `w` the guidance scale a model that embeds one is asked for. `dropped` is the step's own mask;
+    `rows(index)` the same network for some of the samples."""
 
     def __init__(self, model, cond, context, extra=None, held=None):
         self.model, self.cond, self.context, self.held = model, dict(cond), context, held
