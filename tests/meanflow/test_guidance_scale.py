@@ -4,7 +4,7 @@ its scale in one evaluation; what it does not fit is one line."""
 
 import pytest
 import torch
-from tests.meanflow._tiny import batch, randomised, step_model, tiny_config, tiny_model
+from tests.meanflow._tiny import batch, step_model, tiny_config, tiny_model
 from tests.meanflow.test_objective import draws_for, reference_loss
 
 from dit_trainer.errors import ConfigError
@@ -18,6 +18,7 @@ RANGE = {"omega_range": [1.0, 3.0], "omega": 1.5, "kappa": 0.0}
 
 
 def _build(cfg):
+    """The model of `cfg` as built, its new embedders at zero."""
     return get_spec(cfg.model.name).build_model_fn(cfg)
 
 
@@ -36,7 +37,7 @@ def _family_config(name, **meanflow):
 @pytest.mark.parametrize("name", ["SiT-S/2", "DiT-S/2", "LargeDiT-600M/2"])
 def test_the_scale_embedder_starts_at_zero_beside_a_meanflow_models_weights(name):
     torch.manual_seed(0)
-    plain = randomised(_build(_family_config(name))).eval()
+    plain = tiny_model(_family_config(name)).eval()
     scaled = _build(_family_config(name, **RANGE)).eval()
     assert not hasattr(plain, "w_embedder") and hasattr(scaled, "w_embedder")
     assert scaled.load_state_dict(fit_interval(scaled, plain.state_dict())).missing_keys == []
@@ -65,7 +66,7 @@ def test_the_scale_is_drawn_after_the_noise_uniform_over_the_range():
 def test_each_sample_is_guided_and_asked_at_its_own_scale(tangent):
     """The loss equals py-meanflow's formula with each sample's u at its scale w and its target guided by that
     w (v_uncond the network's at the null label and scale 1); the dropped sample learns the plain v."""
-    model = randomised(_build(tiny_config(**RANGE))).train()
+    model = tiny_model(tiny_config(**RANGE))
     x, y, drop = batch()
     d = {**draws_for(x), "omega": torch.tensor([1.0, 2.5, 1.7, 3.0, 1.2, 2.0])}
     objective = build_objective(tiny_config(norm_p=0.0, tangent=tangent, **RANGE))
@@ -104,7 +105,7 @@ def test_training_learns_the_scale(tmp_path):
 
 def test_a_sample_picks_its_scale_in_one_evaluation_per_step():
     cfg = tiny_config(**RANGE)
-    model = randomised(_build(cfg)).eval()
+    model = tiny_model(cfg).eval()
     got = sample_latents(model, cfg, [1, 7], cfg_scale=2.5, steps=2, seed=3)
     z = torch.randn((2, 4, 8, 8), generator=torch.Generator().manual_seed(3))
     calls = []

@@ -3,9 +3,9 @@ run's or the asked steps and records NFE = steps; guidance is refused in one lin
 diffusers; DiTPipeline samples it in one call."""
 
 import numpy as np
-import yaml
 import pytest
 import torch
+import yaml
 from tests.sample.test_sample_cli import tiny_cfg, write_ckpt
 
 from dit_trainer.cli import main

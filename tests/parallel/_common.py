@@ -204,6 +204,7 @@ LAYOUTS_2.update({"pixart_fsdp": LAYOUTS_2["fsdp"], "pixart_tp": LAYOUTS_2["tp"]
 BLOCK_OPTION_LAYOUTS = {"blockopts_tp": LAYOUTS_2["tp"], "blockopts_fsdp": LAYOUTS_2["fsdp"]}
 
 
+# MeanFlow's guidance scale drawn per sample and given to the network (meanflow.omega_range).
 SCALE_RANGE = {"omega_range": [1.0, 2.0], "omega": 1.5, "kappa": 0.0}
 # The objectives' training options, each under FSDP and TP ("opt-<name>_fsdp", "opt-<name>_tp")
 # against its own 1-process run ("opt-<name>_reference"): (tiny model, config sections).
@@ -225,7 +226,8 @@ OPTIONS = {
 }
 # Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
 # the difference path, having no forward-mode AD, under TP (its DDP step is the separate path's).
-OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("tp",), "mfpixart": ("fsdp", "tp")}
+OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("tp",),
+                  "mfpixart": ("fsdp", "tp")}
 LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
                    for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 
