@@ -6,9 +6,8 @@ overrides, then score 1- and 2-step samples of several post-hoc EMA widths at se
     python benchmarks/meanflow_demo.py --score-only --out /tmp/mf_s1 ...    # a finished run, scored again
 
 Each row: the snapshot step, the EMA width, the sampler's steps, FID against the real digits (digit network,
-1,000 samples, every class alike, seed 0 noise and
-the step counts' schedules as the demo draws) and the share a digit classifier recognises,
-with the training seconds so far. Rows are also appended to OUT/scores.jsonl.
+1,000 samples, every class alike, seed 0 noise and the step counts' schedules as the demo draws) and the share
+a digit classifier recognises, with the training seconds so far. Rows are also appended to OUT/scores.jsonl.
 """
 
 import argparse
