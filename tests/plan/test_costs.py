@@ -102,6 +102,28 @@ def test_routed_forward_flops_are_the_flops_fn_of_the_routed_blocks():
     assert c.block_flops < 0.6 * full.block_flops and c.attention_share == pytest.approx((4 + 24 / 4) / 28)
 
 
+
+# MeanFlow's interval embedder, and with a scale range the guidance-scale embedder: once per image, like t's.
+MEANFLOW_CASES = [(name, scales) for name in ("DiT-B/2", "LargeDiT-600M/2", "PixArt-alpha-XL/2-256")
+                  for scales in (None, [1.0, 2.0])]
+
+
+@pytest.mark.parametrize("name,scales", MEANFLOW_CASES, ids=[f"{n}-{'w' if s else 'h'}" for n, s in MEANFLOW_CASES])
+def test_meanflow_embedders_are_counted_in_state_and_flops(name, scales):
+    cfg = build_config({"output_dir": "unused", "objective": "meanflow", "model": {"name": name},
+                        "meanflow": {"omega_range": scales, "kappa": 0.0} if scales else {}})
+    spec = get_spec(name)
+    with torch.device("meta"):
+        model = spec.build_model_fn(cfg)
+    embedders = [k for k in model.state_dict() if k.startswith(("h_embedder.", "w_embedder."))]
+    assert len(embedders) == (8 if scales else 4)
+    c = spec.costs_fn(cfg)
+    assert state_bytes(c, Layout()) == _meta_state(model)
+    if spec.flops_fn:
+        per_image = c.depth * (c.block_flops * c.tokens + c.block_flops_per_image) + c.edge_flops * c.tokens
+        assert 3 * per_image == pytest.approx(spec.flops_fn(model), rel=1e-12)
+
+
 _TINY_DIT = {"name": "DiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "input_size": 8}
 
 

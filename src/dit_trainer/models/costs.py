@@ -136,3 +136,19 @@ def transformer_costs(name, depth, tokens, hidden, heads, block, first, last, to
         tp_allreduce=PerToken(act=d),
         **family,
     )
+
+
+def with_time_embedders(costs, cfg, width: int, frequency: int = 256) -> ModelCosts:
+    """`costs` with the timestep-shaped embedders (sinusoid of `frequency`, an MLP `width` wide) that the
+    objective of `cfg` adds beside t, on the first stage: MeanFlow's interval h and its guidance scale w."""
+    from dit_trainer.objective import takes_guidance_scale, takes_interval
+
+    count = int(takes_interval(cfg)) + int(takes_guidance_scale(cfg))
+    if not count:
+        return costs
+    weights = frequency * width + width * width
+    params = count * (weights + 2 * width)
+    first = replace(costs.first, trainable=costs.first.trainable + params, tensors=costs.first.tensors + 4 * count,
+                    matmul=costs.first.matmul + params)
+    # Once per image, like t's MLP: spread over the tokens.
+    return replace(costs, first=first, edge_flops=costs.edge_flops + count * 2 * weights / costs.tokens)

@@ -10,8 +10,9 @@ Under token routing a routed block's T is its kept tokens.
 
 import torch.nn as nn
 
-# Modules applied once per image (to the conditioning vector c), not to each token.
-_PER_IMAGE = ("adaLN_modulation", "t_embedder")
+# Modules applied once per image (to the conditioning vector c, or adding to it: MeanFlow's interval and
+# guidance-scale embedders), not to each token.
+_PER_IMAGE = ("adaLN_modulation", "t_embedder", "h_embedder", "w_embedder")
 
 
 def _weights(module, prefix=""):

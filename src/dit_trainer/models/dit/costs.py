@@ -12,7 +12,7 @@ GELU's outputs (4·D wide each). SiT shares the backbone and these counts; the b
 
 import re
 
-from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs
+from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs, with_time_embedders
 from dit_trainer.models.dit.config import DiTConfig
 from dit_trainer.models.dit.sizes import SIZES, swiglu_width
 from dit_trainer.models.spec import build_kwargs
@@ -79,7 +79,7 @@ def dit_costs(cfg, name: str) -> ModelCosts:
     pointwise = PerToken(fp32=10 * d, act_tp=2 * d + (2 * h if swiglu else 0) + (4 * d if options.rope else 0))
     elementwise = {"pointwise": pointwise, "norm": PerToken(fp32=2 * d, act_tp=2 * d if options.qk_norm else 0),
                    **({} if swiglu else {"act": PerToken(act_tp=h)}), "softmax": PerToken(act_tp=heads * n)}
-    return transformer_costs(
+    costs = transformer_costs(
         name, depth, n, d, heads, block, first, last, token_weights,
         block_flops_per_image=2 * 6 * d * d,
         edge_flops=edge_flops,
@@ -93,3 +93,4 @@ def dit_costs(cfg, name: str) -> ModelCosts:
         tp_allreduces=(2, 3 if swiglu else 2),
         tp_divides=(heads, h),
     )
+    return with_time_embedders(costs, cfg, d, f)

@@ -8,7 +8,7 @@ CPU matmul path), the attention output, wo's and w2's outputs (the gates multipl
 SwiGLU-wide tensors (w1 and w3 outputs, SiLU's output and the product w2 reads).
 """
 
-from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs
+from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs, with_time_embedders
 from dit_trainer.models.large_dit.config import LargeDiTConfig
 from dit_trainer.models.large_dit.layers import cond_dim, swiglu_hidden
 from dit_trainer.models.spec import build_kwargs
@@ -45,7 +45,7 @@ def large_dit_costs(cfg, name: str, sizes: tuple) -> ModelCosts:
     qk_extra = PerToken(act_tp=2 * d) if o.qk_norm else PerToken()
     saved_none = PerToken(fp32=2 * d, resid=2 * d, act=4 * d, act_tp=6 * d + 4 * h) + qk_extra
     saved_selective = PerToken(resid=d, act=d, act_tp=2 * d + 2 * kv + 2 * h)
-    return transformer_costs(
+    costs = transformer_costs(
         name, depth, n, d, heads, block, first, last, token_weights,
         block_flops_per_image=2 * 6 * cd * d,
         edge_flops=2 * (patch_in * d + d * patch_out) + 2 * (f * cd + cd * cd + 2 * cd * d) / n,
@@ -64,3 +64,4 @@ def large_dit_costs(cfg, name: str, sizes: tuple) -> ModelCosts:
         tp_allreduces=(2, 5),
         tp_divides=(heads, o.n_kv_heads or heads, h),
     )
+    return with_time_embedders(costs, cfg, cd, f)

@@ -12,7 +12,7 @@ embedders, the first part); the timestep MLP, t_block and micro-conditions once 
 
 from dataclasses import replace
 
-from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs
+from dit_trainer.models.costs import ModelCosts, Params, PerToken, transformer_costs, with_time_embedders
 from dit_trainer.models.pixart.config import PixArtConfig
 from dit_trainer.models.pixart.sizes import release
 from dit_trainer.models.spec import build_kwargs
@@ -82,5 +82,6 @@ def pixart_costs(cfg, name: str) -> ModelCosts:
         tp_divides=(heads, h),
     )
     # Cross-attention's kv_linear on the caption and its scores over L keys, and two fused kernels' outputs.
-    return replace(costs, block_flops=costs.block_flops + 2 * kv * per_text + 4 * length * d,
-                   fused_attention=PerToken(fp32=2 * heads, act_tp=2 * d))
+    costs = replace(costs, block_flops=costs.block_flops + 2 * kv * per_text + 4 * length * d,
+                    fused_attention=PerToken(fp32=2 * heads, act_tp=2 * d))
+    return with_time_embedders(costs, cfg, d, f)
