@@ -34,6 +34,8 @@ _RANGES = (
     ("optim.beta2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("optim.eps", lambda v: v > 0 and math.isfinite(v), "a positive number such as 1e-8"),
     ("optim.warmup_steps", lambda v: v >= 0, "0 or more"),
+    ("optim.decay_steps", lambda v: v >= 0, "0 (decay over the whole run after warmup) or more"),
+    ("optim.min_lr", lambda v: v >= 0 and math.isfinite(v), "0 or more, below optim.lr"),
     ("optim.max_grad_norm", lambda v: v >= 0 and math.isfinite(v), "0 (no clipping) or more"),
     ("train.max_steps", lambda v: 0 <= v < 2**53, "0 or more, below 2**53"),
     ("train.global_batch_size", lambda v: v > 0, "a positive integer"),
@@ -72,6 +74,7 @@ _NAMES = {
     "diffusion.timestep_sampler": ("uniform", "loss-second-moment", "logit-normal", "lognormal"),
     "diffusion.loss_weighting": ("none", "min-snr"),
     "train.mixed_precision": ("bf16", "fp16", "fp32"),
+    "optim.lr_schedule": ("constant", "cosine", "linear"),
     "train.phema_dtype": ("fp16", "fp32"),
     "data.vae_dtype": ("auto", "fp32", "bf16"),
     "data.latent_norm": ("auto", "channel", "scale"),
@@ -178,6 +181,9 @@ def check_values(cfg) -> None:
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
         raise ConfigError(f"train.global_batch_size {cfg.train.global_batch_size} does not split into "
                           f"train.grad_accum_steps {cfg.train.grad_accum_steps} micro-batches; pick a divisor of it")
+    if cfg.optim.lr_schedule != "constant" and not cfg.optim.min_lr < cfg.optim.lr:
+        raise ConfigError(f"optim.min_lr {cfg.optim.min_lr} is not below optim.lr {cfg.optim.lr}; lower it, or set "
+                          "optim.lr_schedule constant")
     keep = cfg.checkpoint.keep_steps
     if not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in keep):
         raise ConfigError(f"checkpoint.keep_steps is {keep!r}; it must be a list of positive step numbers, e.g. [300]")

@@ -81,6 +81,9 @@ class OptimConfig:
     beta2: float = 0.999  # AdamW beta2, in [0, 1)
     eps: float = 1e-8  # AdamW epsilon
     warmup_steps: int = 0  # linear learning-rate warmup steps
+    lr_schedule: str = "constant"  # constant | cosine | linear: after warmup, lr throughout, or decaying to min_lr at train.max_steps
+    decay_steps: int = 0  # cosine or linear: decay over the run's last decay_steps (warmup-stable-decay); 0: over everything after warmup
+    min_lr: float = 0.0  # where cosine or linear decay ends, below optim.lr
     max_grad_norm: float = 0.0  # clip the gradient norm to this; 0 disables clipping
 
 

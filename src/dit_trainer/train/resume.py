@@ -225,12 +225,13 @@ def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> N
               file=sys.stderr)
     old, new = old_cfg.optim, cfg.optim
     changed = [f"optim.{k} {getattr(old, k)} -> {getattr(new, k)}"
-               for k in ("lr", "beta1", "beta2", "weight_decay", "eps", "warmup_steps", "max_grad_norm")
+               for k in ("lr", "beta1", "beta2", "weight_decay", "eps", "warmup_steps", "lr_schedule", "decay_steps",
+                         "min_lr", "max_grad_norm")
                if getattr(old, k) != getattr(new, k)]
     if not changed:
         return
     sched = lr_scheduler
-    # The scheduler restored the old base lr; the lambda already uses the config's warmup.
+    # The scheduler restored the old base lr; the lambda already uses the config's schedule.
     sched.base_lrs = [new.lr for _ in sched.base_lrs]
     for group, factor in zip(optimizer.param_groups, sched.lr_lambdas):
         group.update(initial_lr=new.lr, betas=(new.beta1, new.beta2), weight_decay=new.weight_decay, eps=new.eps)

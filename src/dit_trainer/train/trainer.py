@@ -39,6 +39,7 @@ from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_d
 from dit_trainer.train.compile_cache import use_compile_cache
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.heartbeat import Heartbeat
+from dit_trainer.train.lr_schedule import lr_factor
 from dit_trainer.train.forward_backward import ForwardBackward
 from dit_trainer.train.pretrained import PretrainedShapes, load_pretrained
 from dit_trainer.train.run_lock import RunLock
@@ -120,9 +121,8 @@ class DiTTrainer:
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(cfg.optim.beta1, cfg.optim.beta2),
             eps=cfg.optim.eps, fused=fused_adamw(self.device, params, sharded_params))
-        warmup = cfg.optim.warmup_steps
         self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+            self.optimizer, lambda s: lr_factor(s, cfg.optim, cfg.train.max_steps))
         d = self.dims
         self.checkpointer = Checkpointer(cfg.output_dir, self.model_parts, self.optimizer, self.ema, d, self.device,
                                          sharded=bool(cfg.checkpoint.sharded or d.fsdp_enabled or d.tp_enabled or d.pp_enabled),
