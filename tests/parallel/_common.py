@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from dit_trainer.config import build_config
+from tests.repa._tiny import TINY_REPA
 
 STEPS = 10
 
@@ -32,7 +33,7 @@ class TinyCaptions(torch.utils.data.Dataset):
 
     tokens, width = 5, 16
 
-    def __init__(self, n=64):
+    def __init__(self, n=64, images=False):
         g = torch.Generator().manual_seed(4321)
         self.x = torch.randn(n, 4, 8, 8, generator=g)
         self.text_embeds = torch.randn(n, self.tokens, self.width, generator=g).half()
@@ -40,12 +41,16 @@ class TinyCaptions(torch.utils.data.Dataset):
         self.text_mask = (torch.arange(self.tokens)[None] < lengths[:, None]).long()
         self._null = {"text_embeds": torch.randn(self.tokens, self.width, generator=g).half(),
                       "text_mask": torch.tensor([1] + [0] * (self.tokens - 1))}
+        # `images`: each latent's clean uint8 image beside it, as a cache of `dit extract --keep-images` gives REPA
+        self.return_images = images
+        self.image = torch.randint(0, 256, (n, 3, 16, 16), generator=g, dtype=torch.uint8) if images else None
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        return {"x": self.x[i], "text_embeds": self.text_embeds[i], "text_mask": self.text_mask[i]}
+        item = {"x": self.x[i], "text_embeds": self.text_embeds[i], "text_mask": self.text_mask[i]}
+        return {**item, "image": self.image[i]} if self.return_images else item
 
     def null_text(self) -> dict:
         """The encoding of "" (no batch dim)."""
@@ -70,9 +75,10 @@ TINY_MODELS = {
 }
 
 
-def dataset_for(kind: str):
-    """The tiny data a layout's family trains on: captions for PixArt, labels for the rest."""
-    return TinyCaptions() if kind == "pixart" else TinyLatents()
+def dataset_for(kind: str, images: bool = False):
+    """The tiny data a layout's family trains on: captions for PixArt (with `images`, their images too, for
+    REPA), labels for the rest."""
+    return TinyCaptions(images=images) if kind == "pixart" else TinyLatents()
 
 
 def tiny_config(out, parallel=None, kind="dit", **sections):
@@ -137,7 +143,7 @@ def train_run(cfg, kind: str, rank: int = 0) -> None:
     """Train `cfg` on the family's tiny data; a text family's run records its dropped rows (dropped-RANK.json)."""
     from dit_trainer.train import DiTTrainer
 
-    trainer = DiTTrainer(cfg, dataset=dataset_for(kind))
+    trainer = DiTTrainer(cfg, dataset=dataset_for(kind, images=cfg.repa.enabled))
     dropped = DroppedRows(trainer) if kind == "pixart" else None
     trainer.train()
     if dropped is not None:
@@ -223,11 +229,13 @@ OPTIONS = {
     # The text-conditioned family as MeanFlow: the guided target's unconditional velocity is the null caption's.
     "mfpixart": ("pixart", {"objective": "meanflow",
                             "meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference", "omega": 1.5}}),
+    # REPA on captions: the projector reads PixArt's first block, the encoder its captioned images.
+    "repapixart": ("pixart", {"repa": {**TINY_REPA, "encoder_depth": 1}}),
 }
 # Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
 # the difference path, having no forward-mode AD, under TP (its DDP step is the separate path's).
 OPTION_LAYOUTS = {"mfseparate": ("ddp", "fsdp"), "mfgraph": ("fsdp",), "mfdifference": ("tp",),
-                  "mfpixart": ("fsdp", "tp")}
+                  "mfpixart": ("fsdp", "tp"), "repapixart": ("fsdp", "tp")}
 LAYOUTS_OPTIONS = {f"opt-{opt}_{name}": LAYOUTS_2[name] for opt in OPTIONS
                    for name in OPTION_LAYOUTS.get(opt, ("fsdp", "tp"))}
 

@@ -1,7 +1,7 @@
 """The objectives' training options (shaped timestep densities, min-SNR, the direction term) under
 FSDP and TP on gloo, and MeanFlow's du/dt paths under DDP (two steps and more), FSDP and (the central
-difference) TP, and PixArt as MeanFlow under FSDP and TP: every step's loss and gradient norm equal one
-process's."""
+difference) TP, and PixArt as MeanFlow and with REPA under FSDP and TP: every step's loss and gradient norm
+(and REPA's alignment loss) equal one process's."""
 
 import pytest
 from tests.parallel._common import (LAYOUTS_OPTIONS, OPTIONS, STEPS, deterministic, kind_of, read_losses,
@@ -26,7 +26,8 @@ def runs(two_rank_runs):
 def test_option_matches_single_process(runs, layout):
     reference = runs / f"{layout.split('_')[0]}_reference"
     assert kind_of(layout) in ("dit", "sit", "mf", "pixart")
-    for key in ("loss", "grad_norm"):
+    keys = ("loss", "grad_norm") + (("repa_loss",) if layout.startswith("opt-repa") else ())
+    for key in keys:
         ref, got = read_losses(reference, key), read_losses(runs / layout, key)
         assert sorted(got) == list(range(1, STEPS + 1))
         for s in got:

@@ -17,6 +17,7 @@ from dit_trainer.models.pixart.state_dict import PixArtStateDictAdapter
 from dit_trainer.models.pixart.weights_shape import weights_shape
 from dit_trainer.models.spec import ModelSpec, build_kwargs, register_spec
 from dit_trainer.objective import takes_guidance_scale, takes_interval
+from dit_trainer.repa.attach import attach_projector
 
 _MODEL = "dit_trainer.models.pixart.model"
 _LAZY = {name: _MODEL for name in ("PixArt", "PixArtBlock", "MultiHeadCrossAttention", "T2IFinalLayer",
@@ -27,12 +28,10 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 def _refuse_unsupported(cfg, name: str) -> None:
     """Training options PixArt's blocks do not take, each refused in one line."""
-    train, repa = getattr(cfg, "train", None), getattr(cfg, "repa", None)
+    train = getattr(cfg, "train", None)
     if train is not None and getattr(train, "routing_keep", 1.0) < 1:
         raise ConfigError(f"train.routing_keep < 1 (token routing) is not supported by {name}, whose blocks also "
                           "read the caption; set train.routing_keep 1")
-    if repa is not None and getattr(repa, "enabled", False):
-        raise ConfigError(f"repa.enabled is not supported by {name} yet; set repa.enabled false")
 
 
 def _builder(name: str):
@@ -40,9 +39,10 @@ def _builder(name: str):
         _refuse_unsupported(cfg, name)
         shared, options = build_kwargs(cfg, PixArtConfig)
         module = importlib.import_module(_MODEL)
-        return module.build_pixart(options.resolved(name), shared.get("input_size", 32), shared.get("in_channels", 4),
-                                   shared.get("learn_sigma", True), interval_embedding=takes_interval(cfg),
-                                   guidance_embedding=takes_guidance_scale(cfg))
+        model = module.build_pixart(options.resolved(name), shared.get("input_size", 32),
+                                    shared.get("in_channels", 4), shared.get("learn_sigma", True),
+                                    interval_embedding=takes_interval(cfg), guidance_embedding=takes_guidance_scale(cfg))
+        return attach_projector(model, cfg)
 
     return build
 

@@ -26,6 +26,7 @@ from dit_trainer.models.dit.model import TimestepEmbedder
 from dit_trainer.models.guidance import guided_forward
 from dit_trainer.models.interval import add_interval, zero_interval_embedding
 from dit_trainer.models.layers import Attention, Mlp, PatchEmbed, init_backbone, set_io, unpatchify
+from dit_trainer.repa.attach import aligned_depth, project
 
 TEXT_KEYS = ("text_embeds", "text_mask")
 MICRO_KEYS = ("resolution", "aspect_ratio")
@@ -170,22 +171,28 @@ class PixArt(nn.Module):
             raise ValueError("this PixArt takes micro-conditions: pass resolution (B, 2) and aspect_ratio (B, 1)")
         return t_emb + torch.cat([self.csize_embedder(resolution), self.ar_embedder(aspect_ratio)], dim=1)
 
-    def forward(self, x, t, text_embeds, text_mask=None, resolution=None, aspect_ratio=None, h=None, w=None):
+    def forward(self, x, t, text_embeds, text_mask=None, resolution=None, aspect_ratio=None, h=None, w=None,
+                repa=False):
         """x: (B, C, H, W) latents, t: (B,) timesteps, text_embeds: (B, L, caption_channels) the text
         encoder's last hidden states, text_mask: (B, L) 1 for the caption's tokens -> (B, out_channels, H, W).
 
         `resolution` (B, 2) (height, width in pixels) and `aspect_ratio` (B, 1) for a model with
         micro-conditions. Dropped captions arrive already replaced by the null caption's encoding. `h` (B,):
-        MeanFlow's interval t - r and `w` (B,) its guidance scale, for a model built to embed them.
+        MeanFlow's interval t - r and `w` (B,) its guidance scale, for a model built to embed them. `repa` (a
+        model built with repa.enabled) also returns the projected tokens of block `repa_depth`: (output, projected).
         """
         tokens = self.x_embedder(x) + self.pos_embed
         t_emb = self.embed_timestep(t, resolution, aspect_ratio, h, w)
         t_mod = self.t_block(t_emb)  # adaLN-single: one MLP for every block
         y = self.y_embedder(text_embeds)
         mask = None if text_mask is None else text_mask.bool()[:, None, None, :]
-        for block in self.blocks:
+        depth = aligned_depth(self) if repa else None
+        for i, block in enumerate(self.blocks, 1):
             tokens = block(tokens, y, t_mod, mask)
-        return unpatchify(self.final_layer(tokens, t_emb), self.patch_size, self.out_channels)
+            if i == depth:
+                hidden = tokens
+        out = unpatchify(self.final_layer(tokens, t_emb), self.patch_size, self.out_channels)
+        return (out, project(self, hidden)) if repa else out
 
     def forward_with_cfg(self, x, t, cfg_scale, cfg_channels=None, **cond):
         """Classifier-free guidance on a batch whose first half is conditional and second half unconditional
