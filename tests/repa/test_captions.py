@@ -1,5 +1,6 @@
-"""REPA on captions: a PixArt trained on `dit extract --text-encoder --keep-images` shards aligns its tokens
-with the frozen encoder's features of the kept images, and the run samples from a prompt without the projector."""
+"""REPA on captions: a PixArt trained on `dit extract --text-encoder --keep-images` shards, or on the captioned
+folder itself (its latent cache re-reads each crop), aligns its tokens with the frozen encoder's features of the
+images, and the run samples from a prompt without the projector."""
 
 import pytest
 from tests.repa._tiny import TINY_REPA
@@ -9,8 +10,8 @@ from dit_trainer.train.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    """`dit extract --keep-images` of 16 captioned 16 px images with a tiny VAE and a tiny T5."""
+def assets(tmp_path_factory):
+    """16 captioned 16 px images, a tiny VAE and a tiny T5, and their `dit extract --keep-images` shards."""
     pytest.importorskip("transformers")
     from dit_trainer.cli import main
     from tests.text_helpers import save_tiny_t5, write_captioned_folder
@@ -18,20 +19,24 @@ def shards(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("repa_captions")
     write_captioned_folder(root / "images", count=16)
-    assert main(["extract", "--data-path", str(root / "images"), "--vae", save_tiny_vae(root / "vae"),
-                 "--image-size", "16", "--out", str(root / "shards"), "--workers", "0", "--no-progress",
-                 "--keep-images", "--text-encoder", save_tiny_t5(root / "t5")]) == 0
-    return root / "shards"
+    vae, t5 = save_tiny_vae(root / "vae"), save_tiny_t5(root / "t5")
+    assert main(["extract", "--data-path", str(root / "images"), "--vae", vae, "--image-size", "16", "--out",
+                 str(root / "shards"), "--workers", "0", "--no-progress", "--keep-images", "--text-encoder", t5]) == 0
+    return {"images": str(root / "images"), "vae": vae, "t5": t5, "shards": str(root / "shards")}
 
 
-def test_pixart_aligns_on_captioned_images(shards, tmp_path):
+@pytest.mark.parametrize("source", ["shards", "online"])
+def test_pixart_aligns_on_captioned_images(assets, tmp_path, source):
     from dit_trainer.cli import main
 
     run = tmp_path / "run"
+    data = {"path": assets["shards"]} if source == "shards" else {
+        "path": assets["images"], "text_encoder": assets["t5"], "vae": assets["vae"], "image_size": 16,
+        "cache_dir": str(tmp_path / "cache")}
     DiTTrainer({"output_dir": str(run), "objective": "transport",
                 "model": {"name": "PixArt-alpha-XL/2-256", "depth": 2, "hidden_size": 32, "num_heads": 2,
                           "learn_sigma": False},
-                "data": {"path": str(shards), "num_workers": 0, "caption_dropout_prob": 0.1},
+                "data": {**data, "num_workers": 0, "caption_dropout_prob": 0.1},
                 "optim": {"lr": 1e-3},
                 "train": {"max_steps": 40, "global_batch_size": 16, "mixed_precision": "fp32", "device": "cpu"},
                 "checkpoint": {"save_steps": 40},

@@ -55,10 +55,11 @@ def open_images(root: str, name: str, count: int, shape) -> np.ndarray:
 
 
 def folder_images(paths, index, image_size: int, flips) -> torch.Tensor:
-    """uint8 b×3×H×W center crops of the image files `paths[index]`, flipped where `flips` says."""
-    from dit_trainer.data.images import load_image
+    """uint8 b×3×H×W center crops of the images `paths[index]` (files, or a captioned listing's URLs and
+    webdataset members), flipped where `flips` says."""
+    from dit_trainer.data.captions.files import read_image
 
-    out = np.stack([load_image(paths[int(i)], image_size) for i in index])
+    out = np.stack([read_image(paths[int(i)], image_size) for i in index])
     return _flipped(out, flips)
 
 

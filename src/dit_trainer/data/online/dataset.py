@@ -58,7 +58,6 @@ class ImageFolderLatents(Dataset):
         self.num_classes = self.class_names = None  # the caption is the condition
         self.text_max_length, self.text_hidden_size = text["max_length"], text["hidden_size"]
         self.text_pooled_size = text["pooled_size"]
-        self.stored_images = False  # REPA reads crops of image files, which a captioned listing need not have
 
     def where_of(self, index: int) -> str:
         """Image `index` as a user finds it: a path, a URL or `shard:member`."""

@@ -144,10 +144,12 @@ class CacheEncoder:
             batch["x"][torch.from_numpy(todo)] = ds.finish(rows, idx, flips, seeds)
         elif self._text_collective():
             self.encode_text(todo)  # the cache held this rank's share; the other ranks' encoder calls need it
+        images = {"image": batch["image"]} if "image" in batch else {}  # REPA's clean images ride along
         if "text" in batch:  # captions are the condition: the text batch keys, no "y"
-            return {"x": batch["x"], **{k: v.long() if k == "text_mask" else v for k, v in batch["text"].items()}}
-        if "image" in batch:  # REPA's clean images ride along
-            return {"x": batch["x"], "y": batch["y"], "image": batch["image"]}
+            return {"x": batch["x"], **{k: v.long() if k == "text_mask" else v for k, v in batch["text"].items()},
+                    **images}
+        if images:
+            return {"x": batch["x"], "y": batch["y"], **images}
         return batch["x"], batch["y"]
 
     def flush(self) -> None:
@@ -218,8 +220,7 @@ class CacheEncoder:
             torch.cuda.empty_cache()
         shards = open_shards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
         shards.source = ds.source
-        if ds.text is None:
-            shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
+        shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
         return shards
 
     def _encode_rest(self, mine: np.ndarray) -> None:
