@@ -9,15 +9,17 @@ before building anything.
 
 # A MeanFlow step of these settings costs about 2.1x the flow-matching step here (benchmarks/meanflow_step.py,
 # "demo difference"): the loss's forward and backward, one forward without gradient for the
-# unconditional velocity (omega 1.15, kappa 0), and on the 75% of samples with r != t one for the tangent
+# unconditional velocity (omega 1.1, kappa 0), and on the 75% of samples with r != t one for the tangent
 # (the network's own velocity, improved MeanFlow's) and two for du/dt (the central difference costs less than
 # the JVP's dual tensors on a CPU), so the SiT demo's 1,200 steps at batch 64 buy 1,110 of them at batch 32
 # at the SiT demo's width. Width 128 costs 0.55x that step (benchmarks/meanflow_step.py, "demo difference width
 # 128"), but not the loop's own share (data, post-hoc EMA), so 1,800 steps train in the time 1,110 did; the
 # updates gained outweigh the width lost: at 1,110 steps width 128 scored as well as 192 (seed 1: 1-step FID 15.5
 # against 16.0), and at 1,850-2,050 steps both step counts improved on seeds 1 and 2 (benchmarks/RESULTS.md).
-# Guidance omega 1.15: omega 2 (an effective classifier-free scale of 2) halved the samples' recall and took
-# 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised. The predicted tangent at 1,110
+# Guidance omega 1.1: omega 2 (an effective classifier-free scale of 2) halved the samples' recall and took
+# 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised. Under the cosine schedule, on
+# seeds 1 and 2, omega 1.1 took the 1-step FID from 8.9 and 9.2 (omega 1.15) to 8.1 and 8.1 with 96-97%
+# recognised, and omega 1.25 to 12.4 and 10.5. The predicted tangent at 1,110
 # steps against the sample's at 1,280 (the same training time), seeds 1 and 2: 2-step FID 12.2 and 8.3
 # against 11.8 and 11.8, 1-step 14.5 and 13.4 against 12.1 and 16.0 (benchmarks/RESULTS.md, "MeanFlow on the
 # digits").
@@ -35,7 +37,7 @@ def settings(steps: int) -> dict:
     """The config keys that make the SiT demo of `steps` steps a MeanFlow one (merged into demo_config's sections)."""
     return {
         "objective": "meanflow",
-        "meanflow": {"omega": 1.15, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted",
+        "meanflow": {"omega": 1.1, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted",
                      "steps": 1},
         "train": {"global_batch_size": BATCH},
         "model": {"hidden_size": WIDTH},
