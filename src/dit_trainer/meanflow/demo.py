@@ -1,9 +1,9 @@
 """`dit demo --objective meanflow`: what the digits demo changes to train a one-step generator.
 
 The data and post-hoc EMA are the SiT demo's (`demo.demo_config`), its network narrowed from width 192 to
-128; these settings replace its objective, width, length, learning-rate schedule and sampling. Its samples are drawn by MeanFlow's
-own sampler at 1 and 2 steps from the post-hoc EMA of width `MAIN_STD` at the last step, without
-classifier-free guidance or a guide: the guidance is folded into training. Torch-free: `dit demo` reads it
+128; these settings replace its objective, width, length, learning-rate schedule and sampling. Its samples
+are drawn by MeanFlow's own sampler at 1 and 2 steps from the post-hoc EMA of width `MAIN_STD` at the last
+step, without classifier-free guidance or a guide: the guidance is folded into training. Torch-free: `dit demo` reads it
 before building anything.
 """
 
@@ -19,10 +19,9 @@ before building anything.
 # Guidance omega 1.1: omega 2 (an effective classifier-free scale of 2) halved the samples' recall and took
 # 1-step FID to 56; omega 1 leaves a tenth of the 1-step digits unrecognised. Under the cosine schedule, on
 # seeds 1 and 2, omega 1.1 took the 1-step FID from 8.9 and 9.2 (omega 1.15) to 8.1 and 8.1 with 96-97%
-# recognised, and omega 1.25 to 12.4 and 10.5. The predicted tangent at 1,110
-# steps against the sample's at 1,280 (the same training time), seeds 1 and 2: 2-step FID 12.2 and 8.3
-# against 11.8 and 11.8, 1-step 14.5 and 13.4 against 12.1 and 16.0 (benchmarks/RESULTS.md, "MeanFlow on the
-# digits").
+# recognised, and omega 1.25 to 12.4 and 10.5. The predicted tangent at 1,110 steps against the sample's at
+# 1,280 (the same training time), seeds 1 and 2: 2-step FID 12.2 and 8.3 against 11.8 and 11.8, 1-step 14.5
+# and 13.4 against 12.1 and 16.0 (benchmarks/RESULTS.md, "MeanFlow on the digits").
 STEPS = 1800
 WIDTH = 128
 BATCH = 32  # half the SiT demo's: at equal samples seen, twice the updates (1-step FID 12 against 19 at batch 64)
