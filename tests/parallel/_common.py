@@ -230,7 +230,7 @@ OPTIONS = {
     "mfpixart": ("pixart", {"objective": "meanflow",
                             "meanflow": {"ratio": 0.5, "norm_p": 0.5, "jvp": "difference", "omega": 1.5}}),
     # REPA on captions: the projector reads PixArt's first block, the encoder its captioned images.
-    "repapixart": ("pixart", {"repa": {**TINY_REPA, "encoder_depth": 1}}),
+    "repapixart": ("pixart", {"repa": dict(TINY_REPA)}),
 }
 # Where each option trains beside its 1-process run: DDP's second step is what the JVP path must survive;
 # the difference path, having no forward-mode AD, under TP (its DDP step is the separate path's).

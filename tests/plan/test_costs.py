@@ -102,7 +102,6 @@ def test_routed_forward_flops_are_the_flops_fn_of_the_routed_blocks():
     assert c.block_flops < 0.6 * full.block_flops and c.attention_share == pytest.approx((4 + 24 / 4) / 28)
 
 
-
 # MeanFlow's interval embedder, and with a scale range the guidance-scale embedder: once per image, like t's.
 MEANFLOW_CASES = [(name, scales) for name in ("DiT-B/2", "LargeDiT-600M/2", "PixArt-alpha-XL/2-256")
                   for scales in (None, [1.0, 2.0])]

@@ -17,8 +17,6 @@ from dit_trainer.errors import ConfigError, DataError
 # The caption's tensors: what dropout and the null caption replace. Other keys (micro-conditions)
 # describe the image and stay as they are.
 CAPTION_KEYS = ("text_embeds", "text_mask", "text_pooled")
-# An image's micro-conditions (PixArt-alpha 1024's): its size in pixels (height, width) and height / width.
-MICRO_KEYS = ("resolution", "aspect_ratio")
 # Captions held out for validation by default (fewer for data under 6,400 images: at most 1%).
 VAL_SPLIT = 64
 # Integer tensors keep their dtype (the mask); the rest are float32 inputs that autocast casts.
@@ -106,7 +104,7 @@ class TextCondition(Condition):
         """The caption tensors (and micro-conditions) of a `{"x", "text_embeds", "text_mask", ...}` batch. Micro-
         conditions the batch does not carry are the training images' (square, `image_size` pixels)."""
         if isinstance(batch, dict) and self.image_size and "text_embeds" in batch:
-            absent = [k for k in self.keys if k in MICRO_KEYS and k not in batch]
+            absent = [k for k in self.keys if k not in self.caption_keys and k not in batch]
             if absent:
                 n = len(batch["text_embeds"])
                 batch = {**batch, **square_micro_conditions(absent, n, self.image_size)}

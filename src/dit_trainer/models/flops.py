@@ -10,9 +10,11 @@ Under token routing a routed block's T is its kept tokens.
 
 import torch.nn as nn
 
+from dit_trainer.models.interval import EMBEDDERS
+
 # Modules applied once per image (to the conditioning vector c, or adding to it: MeanFlow's interval and
 # guidance-scale embedders), not to each token.
-_PER_IMAGE = ("adaLN_modulation", "t_embedder", "h_embedder", "w_embedder")
+_PER_IMAGE = ("adaLN_modulation", "t_embedder", *EMBEDDERS)
 
 
 def _weights(module, prefix=""):
