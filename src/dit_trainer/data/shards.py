@@ -274,6 +274,10 @@ class LatentShards(Dataset):
                             "run `dit data verify`")
         return labels.astype(np.int64, copy=False)
 
+    def read_images_from(self, paths) -> None:
+        """Give items the images of `paths` (the image folder this latent cache was made of), read from there."""
+        self.image_paths, self.stored_images = paths, True
+
     def __getstate__(self):
         # Workers reopen their own mmaps; pickling open memmaps would copy whole shards.
         state = dict(self.__dict__)

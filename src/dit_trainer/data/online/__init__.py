@@ -90,7 +90,7 @@ def open_image_folder(path, vae=None, image_size: int = 256, vae_dtype: str = "a
         lc.remove_pieces(folder)  # left by a run killed between the manifest and the clean-up
         dataset = open_shards(folder, random_flip=random_flip, seed=seed, remedy=lc.remedy(folder))
         dataset.source = f"the image folder {path}"
-        dataset.image_paths, dataset.stored_images = paths, True  # REPA reads the images from the folder
+        dataset.read_images_from(paths)  # REPA reads the images from the folder
         dataset.fingerprint = fingerprint(plan["data_path"], len(paths), plan["files_sha256"])
         return dataset
     from dit_trainer.data.online.dataset import ImageFolderLatents

@@ -220,7 +220,8 @@ class CacheEncoder:
             torch.cuda.empty_cache()
         shards = open_shards(root, random_flip=ds.random_flip, seed=ds.seed, remedy=lc.remedy(root))
         shards.source = ds.source
-        shards.image_paths, shards.stored_images, shards.return_images = ds.paths, True, ds.return_images
+        shards.read_images_from(ds.paths)
+        shards.return_images = ds.return_images
         return shards
 
     def _encode_rest(self, mine: np.ndarray) -> None:
