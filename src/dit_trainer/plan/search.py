@@ -122,8 +122,9 @@ def plan_layouts(request: Request) -> list:
             continue
         if layout.compile and "train.activation_memory_budget" in request.pinned and layout.budget != 1.0:
             layout = Layout(**{**layout.__dict__, "budget": cfg.train.activation_memory_budget})
-        plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics, len(cfg.train.phema_stds)),
-                          step_time(costs, layout, machine, numerics, batch), batch, request.usable_bytes))
+        profiles = len(cfg.train.phema_stds)
+        plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics, profiles),
+                          step_time(costs, layout, machine, numerics, batch, profiles), batch, request.usable_bytes))
     if not plans:
         raise ConfigError(f"no layout of {request.gpus} ranks splits train.global_batch_size {batch}; "
                           f"make it a multiple of {request.gpus}")

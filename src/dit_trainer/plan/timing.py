@@ -31,7 +31,7 @@ class StepTime:
     recompute: float
     comm: float  # communication not hidden behind compute
     bubble: float  # pipeline fill and drain
-    optimizer: float  # AdamW, EMA and the gradient norm
+    optimizer: float  # AdamW, EMA, the gradient norm and the post-hoc EMA profiles
     overhead: float
 
     @property
@@ -104,8 +104,9 @@ def _compute(costs, layout, machine, numerics, tokens, blocks, first, last):
     return (3 * fwd_flops + extra_flops) / mm_rate * share + elementwise * share, recompute * share
 
 
-def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> StepTime:
-    """The predicted seconds of one optimizer step of `layout` (the slowest pipeline rank's)."""
+def step_time(costs, layout, machine: Machine, numerics, global_batch: int, profiles: int = 0) -> StepTime:
+    """The predicted seconds of one optimizer step of `layout` (the slowest pipeline rank's), with `profiles`
+    post-hoc EMA profiles (`train.phema_stds`) updated after it."""
     hw = machine.hardware
     lat = hw.link_latency_us * 1e-6
     if machine.core_share > 1 and hw.crowded_latency_us:
@@ -163,7 +164,7 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int) -> S
 
     if hw.overlap:
         dp_comm = max(0.0, dp_comm - (compute + recompute)) + first_gather
-    optimizer = _optimizer(costs, layout, machine, blocks)
+    optimizer = _optimizer(costs, layout, machine, blocks, profiles)
     overhead = hw.step_overhead_s + m * hw.microbatch_overhead_s
     if _uses_fsdp(layout):
         overhead += blocks * m * hw.fsdp_block_overhead_s
@@ -178,12 +179,20 @@ def _edges(costs, pp: int, count: str) -> float:
     return first + last if pp == 1 else max(first, last)
 
 
-def _optimizer(costs, layout, machine, blocks) -> float:
-    """AdamW, the EMA update and the gradient norm over this rank's shard of the weights."""
+# A post-hoc EMA profile's update per float32 weight: a multiply (read and write the profile) then an add
+# (read both, write the profile), as parallel/ema.py does it; bound by memory bandwidth like AdamW.
+PROFILE_BYTES_PER_PARAM = 20
+
+
+def _optimizer(costs, layout, machine, blocks, profiles: int = 0) -> float:
+    """AdamW, the EMA update, the gradient norm and `profiles` post-hoc EMA updates over this rank's shard
+    of the weights."""
     hw = machine.hardware
     local = (blocks * costs.block.local(layout.tp) + _edges(costs, layout.pp, "trainable")) / layout.dp_shard
     tensors = blocks * costs.block.tensors + _edges(costs, layout.pp, "tensors")
+    phema = profiles * local * PROFILE_BYTES_PER_PARAM / (hw.memory_bandwidth_gbs * 1e9)
     # On a CPU the trainer's AdamW is fused in one process and a per-parameter loop in several.
     if hw.device == "cpu" and machine.world > 1 and hw.loop_optimizer_s_per_param:
-        return (local * hw.loop_optimizer_s_per_param + tensors * hw.loop_optimizer_s_per_tensor) * machine.core_share
-    return local * hw.optimizer_s_per_param * machine.core_share
+        loop = local * hw.loop_optimizer_s_per_param + tensors * hw.loop_optimizer_s_per_tensor
+        return (loop + phema) * machine.core_share
+    return (local * hw.optimizer_s_per_param + phema) * machine.core_share
