@@ -51,6 +51,8 @@ def test_linear_decay_over_the_last_steps_only():
     ({"lr_schedule": "step"}, "optim.lr_schedule 'step' is not one of constant|cosine|linear"),
     ({"lr_schedule": "cosine", "min_lr": 1e-3}, "optim.min_lr 0.001 is not below optim.lr"),
     ({"decay_steps": -1}, "optim.decay_steps is -1"),
+    ({"decay_steps": 50}, "optim.decay_steps 50 shapes a decay, but optim.lr_schedule is constant"),
+    ({"min_lr": 1e-5}, "optim.min_lr 1e-05 shapes a decay, but optim.lr_schedule is constant"),
 ])
 def test_bad_schedules_are_one_line(keys, match):
     with pytest.raises(ConfigError, match=match):
@@ -77,3 +79,18 @@ def test_a_run_steps_with_the_schedule_and_resumes_on_it_exactly(tmp_path):
     resumed.train()
     for (k, v), (_, w) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(v, w), k
+
+
+def test_a_resume_with_a_later_end_moves_the_decay_from_its_first_step(tmp_path, capsys):
+    data = write_npy_latents(tmp_path / "latents", n=8)
+    DiTTrainer(_config(tmp_path / "a", data)).train()  # decayed to min_lr at its step 8
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step-00000008", tmp_path / "b" / "checkpoints" / "step-00000008")
+    longer = build_config(_config(tmp_path / "b", data))
+    longer.train.max_steps = 16
+    trainer = DiTTrainer(longer)
+    assert trainer.maybe_resume() is not None
+    # The next optimizer step (0-based 8) runs at the longer run's rate, not at the checkpoint's min_lr.
+    want = 1e-3 * lr_factor(8, longer.optim, 16)
+    assert want > 0.5e-3
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(want)
+    assert "train.max_steps 8 -> 16" in capsys.readouterr().err

@@ -228,10 +228,13 @@ def apply_config_changes(cfg, optimizer, lr_scheduler, path, is_main: bool) -> N
                for k in ("lr", "beta1", "beta2", "weight_decay", "eps", "warmup_steps", "lr_schedule", "decay_steps",
                          "min_lr", "max_grad_norm")
                if getattr(old, k) != getattr(new, k)]
+    if new.lr_schedule != "constant" and old_cfg.train.max_steps != cfg.train.max_steps:
+        # The decay ends at train.max_steps: the restored rate was the old end's.
+        changed.append(f"train.max_steps {old_cfg.train.max_steps} -> {cfg.train.max_steps} (where the decay ends)")
     if not changed:
         return
     sched = lr_scheduler
-    # The scheduler restored the old base lr; the lambda already uses the config's schedule.
+    # The scheduler restored the old base lr and rate; the lambda already uses the config's schedule.
     sched.base_lrs = [new.lr for _ in sched.base_lrs]
     for group, factor in zip(optimizer.param_groups, sched.lr_lambdas):
         group.update(initial_lr=new.lr, betas=(new.beta1, new.beta2), weight_decay=new.weight_decay, eps=new.eps)
