@@ -181,7 +181,12 @@ def check_values(cfg) -> None:
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
         raise ConfigError(f"train.global_batch_size {cfg.train.global_batch_size} does not split into "
                           f"train.grad_accum_steps {cfg.train.grad_accum_steps} micro-batches; pick a divisor of it")
-    if cfg.optim.lr_schedule != "constant" and not cfg.optim.min_lr < cfg.optim.lr:
+    if cfg.optim.lr_schedule == "constant":
+        for key, value in (("decay_steps", cfg.optim.decay_steps), ("min_lr", cfg.optim.min_lr)):
+            if value:
+                raise ConfigError(f"optim.{key} {value} shapes a decay, but optim.lr_schedule is constant; set "
+                                  f"optim.lr_schedule cosine or linear, or optim.{key} 0")
+    elif not cfg.optim.min_lr < cfg.optim.lr:
         raise ConfigError(f"optim.min_lr {cfg.optim.min_lr} is not below optim.lr {cfg.optim.lr}; lower it, or set "
                           "optim.lr_schedule constant")
     keep = cfg.checkpoint.keep_steps
