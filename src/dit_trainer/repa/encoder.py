@@ -60,7 +60,8 @@ def check_images(dataset, path) -> None:
         return
     raise DataError(f"repa.enabled needs the clean images beside the latents, and {path} holds latents only; "
                     "train on the image folder itself (its latent cache keeps them) or re-extract with "
-                    "`dit extract --keep-images`, or set repa.enabled false")
+                    "`dit extract --keep-images` (with the same --text-encoder for captioned data), or set "
+                    "repa.enabled false")
 
 
 def batch_images(batch, x: torch.Tensor, pixel_space: bool) -> torch.Tensor:
@@ -90,13 +91,12 @@ class Alignment:
         r = getattr(cfg, "repa", None)
         return cls(cfg, model, device, amp_dtype) if r is not None and r.enabled else None
 
-    def flops_per_image(self, model) -> float:
-        """What REPA adds to a training step's FLOPs per image: the projector's forward and backward on every
-        token (2 + 4 per multiply-add), and the frozen encoder's forward."""
+    def flops_per_image(self) -> float:
+        """What REPA adds to a training step's FLOPs per image beside the model's own: the frozen encoder's
+        forward. (The projector is one of the model's modules: a family's FLOP count walks it with the rest.)"""
         from dit_trainer.encoders import encoder_flops
 
-        weights = sum(m.weight.numel() for m in model.repa_projector if hasattr(m, "weight"))
-        return 6.0 * weights * self.targets.tokens + encoder_flops(self.targets.encoder, self.targets.size)
+        return encoder_flops(self.targets.encoder, self.targets.size)
 
     def check_data(self, dataset) -> None:
         """A one-line error when `dataset` holds no images; remembers whether it is pixels itself."""

@@ -90,8 +90,8 @@ class DiTTrainer:
         # Counted on the whole model, before parallelism splits its weights (routed blocks on their kept tokens).
         routed = {"tokens_per_block": self.routing.tokens_per_block()} if self.routing else {}
         self.flops_per_image = self.spec.flops_fn(model, **routed) if self.spec.flops_fn else None
-        if self.flops_per_image is not None and self.alignment is not None:  # the projector's and the encoder's
-            self.flops_per_image += self.alignment.flops_per_image(model)
+        if self.flops_per_image is not None and self.alignment is not None:  # the encoder's (the projector is the model's)
+            self.flops_per_image += self.alignment.flops_per_image()
         # What the model is conditioned on (class labels, captions): read from each batch, dropped for guidance.
         self.condition = build_condition(cfg, self.spec, model)
         self.condition.check_config(cfg)
