@@ -179,9 +179,10 @@ def _edges(costs, pp: int, count: str) -> float:
     return first + last if pp == 1 else max(first, last)
 
 
-# A post-hoc EMA profile's update per float32 weight: a multiply (read and write the profile) then an add
-# (read both, write the profile), as parallel/ema.py does it; bound by memory bandwidth like AdamW.
-PROFILE_BYTES_PER_PARAM = 20
+# A post-hoc EMA profile's update per float32 weight, bound by memory bandwidth like AdamW (parallel/ema.py):
+# on a GPU the step's skip mask stays on the device and the update is one lerp (read both, write the profile);
+# on a CPU it is a multiply (read and write the profile) then an add (read both, write the profile).
+PROFILE_BYTES_GPU, PROFILE_BYTES_CPU = 12, 20
 
 
 def _optimizer(costs, layout, machine, blocks, profiles: int = 0) -> float:
@@ -190,7 +191,8 @@ def _optimizer(costs, layout, machine, blocks, profiles: int = 0) -> float:
     hw = machine.hardware
     local = (blocks * costs.block.local(layout.tp) + _edges(costs, layout.pp, "trainable")) / layout.dp_shard
     tensors = blocks * costs.block.tensors + _edges(costs, layout.pp, "tensors")
-    phema = profiles * local * PROFILE_BYTES_PER_PARAM / (hw.memory_bandwidth_gbs * 1e9)
+    per_weight = PROFILE_BYTES_CPU if hw.device == "cpu" else PROFILE_BYTES_GPU
+    phema = profiles * local * per_weight / (hw.memory_bandwidth_gbs * 1e9)
     # On a CPU the trainer's AdamW is fused in one process and a per-parameter loop in several.
     if hw.device == "cpu" and machine.world > 1 and hw.loop_optimizer_s_per_param:
         loop = local * hw.loop_optimizer_s_per_param + tensors * hw.loop_optimizer_s_per_tensor
