@@ -134,3 +134,11 @@ def test_build_trainer_backend_mindspore_returns_float_loss():
     batch = (torch.from_numpy(rng.standard_normal((2, 4, 4, 4)).astype(np.float32)), torch.tensor([1, 3]))
     out = trainer.train_step(batch)
     assert isinstance(out["loss"], float) and np.isfinite(out["loss"])
+
+
+def test_a_decaying_learning_rate_is_refused_in_one_line():
+    from dit_trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="optim.lr_schedule cosine is not supported with backend mindspore") as err:
+        MindSporeTrainer(engine_config(MICRO, optim={"lr_schedule": "cosine"}))
+    assert "\n" not in str(err.value)

@@ -34,6 +34,9 @@ class MindSporeTrainer:
             raise ConfigError("train.routing_keep < 1 (token routing) is not supported with backend mindspore; set it 1")
         if cfg.train.phema_stds:
             raise ConfigError("train.phema_stds (post-hoc EMA) is not supported with backend mindspore; set it []")
+        if cfg.optim.lr_schedule != "constant":
+            raise ConfigError(f"optim.lr_schedule {cfg.optim.lr_schedule} is not supported with backend mindspore "
+                              "(warmup, then a constant rate); set it constant")
         # bf16 (the config default) has no CPU benefit here: the engine trains in fp32.
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_seed(cfg.train.seed)
