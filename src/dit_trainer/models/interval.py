@@ -46,7 +46,7 @@ def add_interval(model, c, t, h, w=None):
 
 def check_interval(model, cfg, name: str) -> None:
     """A one-line ConfigError where the objective of `cfg` needs an interval input that model `name` lacks
-    (a family whose builder adds no `h_embedder`, such as PixArt)."""
+    (a family whose builder adds no `h_embedder`)."""
     from dit_trainer.errors import ConfigError
     from dit_trainer.objective import takes_interval
 
