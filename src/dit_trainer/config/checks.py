@@ -12,6 +12,9 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.meanflow.config import check_meanflow
 from dit_trainer.repa.config import check_repa
 
+# Every objective's samplers (Objective.samplers): diffusion's, transport's, MeanFlow's.
+SAMPLERS = ("ddpm", "ddim", "ode", "sde", "meanflow")
+
 # (key, test, what is allowed). Tests are written so that NaN fails them.
 _RANGES = (
     ("model.input_size", lambda v: v > 0, "a positive integer"),
@@ -200,8 +203,8 @@ def check_values(cfg) -> None:
     if s.ema_std is not None and not 0 < s.ema_std < PHEMA_MAX_STD:
         raise ConfigError(f"sample.ema_std is {s.ema_std!r}; it must be a post-hoc EMA width sigma_rel in "
                           f"(0, {PHEMA_MAX_STD:.4f}), such as 0.05")
-    if s.sampler is not None and s.sampler not in ("ddpm", "ddim", "ode", "sde"):
-        raise ConfigError(f"sample.sampler {s.sampler!r} is not one of ddpm|ddim|ode|sde")
+    if s.sampler is not None and s.sampler not in SAMPLERS:
+        raise ConfigError(f"sample.sampler {s.sampler!r} is not one of {'|'.join(SAMPLERS)}")
     if s.steps is not None and not s.steps >= 1:
         raise ConfigError(f"sample.steps is {s.steps!r}; it must be a positive integer")
     check_phema_stds(cfg)

@@ -3,6 +3,7 @@
 import dataclasses
 import sys
 
+from dit_trainer.config.checks import SAMPLERS
 from dit_trainer.errors import ConfigError
 from dit_trainer.host_memory import keep_freed_memory_on
 from dit_trainer.sample.decode import DEFAULT_VAE
@@ -74,9 +75,9 @@ def add_sampling_arguments(p, cfg_scale: float = 4.0) -> None:
                    help="sample the post-hoc EMA of this sigma_rel at the checkpoint's step (rebuilt from the run's "
                         "snapshots as `dit ema` does, when missing); none: the checkpoint's ema.safetensors (default: "
                         "the run's sample.ema_std)")
-    p.add_argument("--sampler", choices=("ddpm", "ddim", "ode", "sde"), default=None,
-                   help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode); "
-                        "default: the run's sample.sampler")
+    p.add_argument("--sampler", choices=SAMPLERS, default=None,
+                   help="ddpm or ddim for diffusion (default ddpm), ode or sde for transport (default ode), meanflow "
+                        "for MeanFlow; default: the run's sample.sampler")
     p.add_argument("--steps", "--num-sampling-steps", type=int, default=None,
                    help="sampling steps (default: the run's sample.steps, else ddpm 250, ddim 50, ode 50 for "
                         "fixed-step methods, sde 250)")
