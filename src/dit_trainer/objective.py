@@ -20,6 +20,13 @@ class Objective:
     guided_sampling = True
     # Where guidance is trained in: the scale a sample asks for by default (`scale_inputs` takes it).
     trained_scale = 1.0
+    # Whether some of a step's network calls run in float32 inside the run's autocast (MeanFlow's JVP): sharded
+    # weights are then gathered in float32, and autocast casts them for the other calls.
+    float32_calls = False
+
+    def check_condition(self, condition) -> None:
+        """A one-line ConfigError where this objective needs what `condition` (a dit_trainer.condition value)
+        does not train; none by default."""
 
     def scale_inputs(self, scale, n, device) -> dict:
         """Where guidance is trained in: the model's keyword arguments that ask `n` samples for guidance scale

@@ -100,7 +100,11 @@ def test_activation_checkpointing_trains_the_eager_steps(tmp_path):
     ({"parallel": {"tp": 2, "dp_shard": 1}}, "tensor parallelism"),
     ({"repa": {"enabled": True, "encoder_weights": "random"}}, "repa.enabled"),
     ({"meanflow": {"jvp": "graph"}, "train": {"activation_checkpointing": "full"}}, "activation_checkpointing"),
-    ({"model": {"class_dropout_prob": 0.0}}, "class_dropout_prob"),
+    ({"eval": {"every": 10, "cfg_scale": 2.0}}, "eval.cfg_scale 2: objective meanflow samples unguided"),
+    ({"eval": {"every": 10, "guide": "50%", "guide_scale": 2.0}}, "eval.guide: objective meanflow samples unguided"),
+    ({"eval": {"every": 10}, "sample": {"cfg_scale": None},
+      "meanflow": {"omega_range": [1.5, 2.0], "omega": 1.5, "kappa": 0.0}},
+     "eval.cfg_scale 1 is outside the scales this run trained on"),
 ])
 def test_what_meanflow_cannot_run_is_one_line(tmp_path, sections, match):
     from dit_trainer.config import build_config
@@ -166,3 +170,32 @@ def test_a_family_without_the_interval_input_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="needs the interval input h, which model Custom") as err:
         check_interval(torch.nn.Linear(1, 1), cfg, "Custom")
     assert "\n" not in str(err.value)
+
+
+def test_the_null_condition_the_guided_target_needs_is_checked_on_the_runs_own_dropout(tmp_path):
+    from tests.parallel._common import TinyCaptions
+
+    with pytest.raises(ConfigError, match="model.class_dropout_prob 0 never trains") as err:
+        DiTTrainer(meanflow_config(tmp_path / "class", model={"class_dropout_prob": 0.0}))
+    assert "\n" not in str(err.value)
+    guided = {"omega": 1.5, "kappa": 0.5}
+    with pytest.raises(ConfigError, match="data.caption_dropout_prob 0 never trains"):
+        DiTTrainer(tiny_config(tmp_path / "text", kind="pixart", objective="meanflow", meanflow=guided,
+                               data={"caption_dropout_prob": 0.0}), dataset=TinyCaptions())
+    # A text model drops captions, not labels: its class_dropout_prob says nothing.
+    DiTTrainer(tiny_config(tmp_path / "ok", kind="pixart", objective="meanflow", meanflow=guided,
+                           model={"class_dropout_prob": 0.0}), dataset=TinyCaptions())
+
+
+def test_meanflow_gathers_float32_weights_under_mixed_precision_and_its_sampler_can_be_named(tmp_path):
+    from dit_trainer.config import build_config
+    from dit_trainer.meanflow import MeanFlowObjective
+    from dit_trainer.objective import Objective
+    from dit_trainer.train.choices import gathered_dtype
+
+    assert gathered_dtype(MeanFlowObjective(), torch.bfloat16) == torch.float32  # its JVP's calls stay float32
+    assert gathered_dtype(Objective(), torch.bfloat16) == torch.bfloat16
+    assert gathered_dtype(Objective(), None) == torch.float32
+    base = meanflow_config(tmp_path / "run").to_dict()
+    base["sample"]["sampler"] = "meanflow"
+    assert build_config(base).sample.sampler == "meanflow"

@@ -14,6 +14,7 @@ class Condition:
 
     name = "condition"
     keys: tuple = ()  # the batch keys read, which are also the model's keyword arguments' names
+    dropout_key = "the condition's dropout"  # the config key of `dropout_prob`, for messages
     # Whether the training-time grid samples rows of model keyword arguments (prompts or held-out data's)
     # instead of the class labels `logging.sample_classes` names.
     grid_from_rows = False

@@ -16,6 +16,7 @@ class ClassCondition(Condition):
 
     name = "class"
     keys = ("y",)
+    dropout_key = "model.class_dropout_prob"
 
     def __init__(self, num_classes: int, dropout_prob: float = 0.1):
         super().__init__(dropout_prob)

@@ -39,6 +39,7 @@ class TextCondition(Condition):
     """A caption per sample as a text encoder's outputs; dropped rows take the null caption's."""
 
     name = "text"
+    dropout_key = "data.caption_dropout_prob"
     grid_from_rows = True  # prompts (logging.validation_prompts) or held-out captions
 
     def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None, image_size=None):

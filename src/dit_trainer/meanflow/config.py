@@ -72,11 +72,24 @@ def check_meanflow(cfg) -> None:
     if cfg.sample.cfg_scale is None:  # guidance is trained in: the run recommends sampling at the trained scale
         cfg.sample.cfg_scale = float(m.omega) if m.omega_range else 1.0
     elif m.omega_range:
-        check_sample_scale(m, cfg.sample.cfg_scale)
-    if guided(m) and not cfg.model.class_dropout_prob > 0:
-        raise ConfigError("meanflow.omega/kappa guide the target with the null label, which model.class_dropout_prob 0 "
-                          "never trains; set model.class_dropout_prob 0.1 or meanflow.omega 1 and meanflow.kappa 0")
+        check_sample_scale(m, cfg.sample.cfg_scale, "sample.cfg_scale")
+    _check_eval(cfg, m)
     _check_combinations(cfg)
+
+
+def _check_eval(cfg, m) -> None:
+    """FID during training samples as `dit sample` does: at a trained scale, without a guide."""
+    ev = cfg.eval
+    if not ev.every:
+        return
+    if ev.guide is not None and (ev.guide_scale or 1.0) != 1.0:
+        raise ConfigError("eval.guide: objective meanflow samples unguided (its guidance is trained in); set eval.guide "
+                          "null")
+    if m.omega_range:
+        check_sample_scale(m, ev.cfg_scale, "eval.cfg_scale")
+    elif ev.cfg_scale != 1:
+        raise ConfigError(f"eval.cfg_scale {ev.cfg_scale:g}: objective meanflow samples unguided (its guidance is "
+                          "trained in); set eval.cfg_scale 1")
 
 
 def _check_combinations(cfg) -> None:
@@ -118,13 +131,13 @@ def check_omega_range(m):
     return [float(r[0]), float(r[1])]
 
 
-def check_sample_scale(m, scale) -> float:
+def check_sample_scale(m, scale, name="cfg scale") -> float:
     """The guidance scale a sample of section `m` (with meanflow.omega_range) asks for, inside that range; a
-    one-line ConfigError otherwise."""
+    one-line ConfigError naming it `name` otherwise."""
     scale = float(scale)
     lo, hi = m.omega_range
     if not lo <= scale <= hi:
-        raise ConfigError(f"cfg scale {scale:g} is outside the scales this run trained on (meanflow.omega_range "
+        raise ConfigError(f"{name} {scale:g} is outside the scales this run trained on (meanflow.omega_range "
                           f"[{lo:g}, {hi:g}]); choose one inside it")
     return scale
 

@@ -49,6 +49,14 @@ class MeanFlowObjective(Objective):
     samplers = ("meanflow",)
     default_sampler = "meanflow"
     guided_sampling = False  # guidance is folded into the target (omega, kappa): one evaluation per step
+    float32_calls = True  # the JVP or central difference and its tangent, in float32 as the official code
+
+    def check_condition(self, condition) -> None:
+        """Guidance folded into the target needs the null condition trained (its dropout above 0)."""
+        if self.guided and not condition.dropout_prob > 0:
+            key = condition.dropout_key
+            raise ConfigError(f"meanflow.omega/kappa guide the target with the null condition, which {key} 0 never "
+                              f"trains; set {key} 0.1, or meanflow.omega 1 and meanflow.kappa 0")
 
     def __init__(self, config=None):
         self.config = config or MeanFlowConfig()

@@ -69,3 +69,9 @@ def resolve_compile(cfg, model, device: torch.device, has_plan: bool) -> bool:
     if choice != "auto":
         return choice == "true"
     return has_plan and compile_repays(model, device, cfg.train.max_steps, AUTO_COMPILE_MIN_STEPS)
+
+
+def gathered_dtype(objective, amp_dtype):
+    """The dtype FSDP gathers weights in: float32 where `objective` runs float32 calls inside the run's autocast
+    (which casts them for its other calls) or the run is float32, else the run's mixed-precision dtype."""
+    return torch.float32 if objective.float32_calls or amp_dtype is None else amp_dtype

@@ -35,7 +35,7 @@ from dit_trainer.phema import snapshots, tracker
 from dit_trainer.repa.encoder import Alignment
 from dit_trainer.repa.objective import aligned
 from dit_trainer.train import preflight, resume, state
-from dit_trainer.train.choices import RuntimeChoices, fused_adamw, resolve_amp_dtype
+from dit_trainer.train.choices import RuntimeChoices, fused_adamw, gathered_dtype, resolve_amp_dtype
 from dit_trainer.train.compile_cache import use_compile_cache
 from dit_trainer.train.eval_during_training import TrainingFID
 from dit_trainer.train.heartbeat import Heartbeat
@@ -106,6 +106,7 @@ class DiTTrainer:
         no_ac = cfg.train.activation_checkpointing == "none"
         budget = cfg.train.activation_memory_budget if compiled and no_ac else 1.0
         self.objective = aligned(build_objective(cfg), cfg)
+        self.objective.check_condition(self.condition)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.forward_backward = ForwardBackward(self.objective, self.dims, self.device, self.amp_dtype, budget,
                                                 cfg.train.grad_accum_steps, self.scaler)
@@ -148,7 +149,7 @@ class DiTTrainer:
                 raise ConfigError(f"model {spec.name} has no parallel plan; run it on one process without AC or compile")
             self.forward_backward.attach([model])
             return [model]
-        parallelize = functools.partial(spec.parallelize_fn, param_dtype=self.amp_dtype or torch.float32)
+        parallelize = functools.partial(spec.parallelize_fn, param_dtype=gathered_dtype(self.objective, self.amp_dtype))
         if not dims.pp_enabled:
             parallelize(model, dims, cfg)
             self.forward_backward.attach([model])
