@@ -211,3 +211,14 @@ def test_a_missing_text_encoder_names_the_flag(text_run, tmp_path):
     bare = type(cfg)()
     with pytest.raises(ConfigError, match="records no text encoder.*--text-encoder"):
         run_text_encoder(bare)
+
+
+def test_a_prompt_no_tokenizer_takes_is_one_line():
+    from dit_trainer.sample.prompt_text import check_prompts
+
+    assert check_prompts(["  a cat  "]) == ["a cat"]
+    # What a command line's undecodable bytes become (surrogateescape), and a NUL.
+    for bad in ("caf\udce9", "a\x00b"):
+        with pytest.raises(ConfigError, match="prompts must be UTF-8 strings without NUL bytes") as err:
+            check_prompts([bad])
+        assert "\n" not in str(err.value)

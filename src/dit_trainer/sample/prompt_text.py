@@ -7,6 +7,15 @@ from dit_trainer.errors import ConfigError
 MAX_PROMPT_BYTES = 64 * 1024
 
 
+def _encodes(text: str) -> bool:
+    # A command line's undecodable bytes arrive as lone surrogates, which no tokenizer takes.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_prompts(prompts, what: str = "prompts") -> list:
     """`prompts` (a string or a list of strings) as a non-empty list, each stripped as training captions are; a
     one-line error otherwise."""
@@ -15,9 +24,9 @@ def check_prompts(prompts, what: str = "prompts") -> list:
     prompts = list(prompts or ())
     if not prompts:
         raise ConfigError(f"no {what} to sample; pass --prompt TEXT or --prompts FILE (one prompt per line)")
-    bad = next((p for p in prompts if not isinstance(p, str) or "\x00" in p), None)
+    bad = next((p for p in prompts if not isinstance(p, str) or "\x00" in p or not _encodes(p)), None)
     if bad is not None:
-        raise ConfigError(f"{what} must be strings without NUL bytes, got {bad!r}")
+        raise ConfigError(f"{what} must be UTF-8 strings without NUL bytes, got {bad!r}")
     return [p.strip() for p in prompts]
 
 

@@ -98,3 +98,29 @@ def test_a_manifest_path_out_of_its_folder_is_not_followed(tmp_path, path):
     with pytest.raises(DataError, match="leaves the manifest's folder") as err:
         list_captioned(tmp_path / "m.jsonl")
     assert f"{tmp_path / 'm.jsonl'} line 1: the image path {path!r}" in _one_line(err)
+
+
+@pytest.mark.parametrize("escaped,what", [("cat\\u0000dog", "holds a NUL character"),
+                                          ("cat\\ud800dog", "holds a lone surrogate (character 3)")],
+                         ids=["nul", "surrogate"])
+def test_json_escapes_are_held_to_the_caption_rules(items, tmp_path, escaped, what):
+    write_captioned_folder(tmp_path, count=2)
+    (tmp_path / "0001.txt").unlink()
+    (tmp_path / "0001.json").write_text('{"caption": "%s"}' % escaped)
+    with pytest.raises(DataError) as err:
+        list_captioned(tmp_path)
+    assert _one_line(err).startswith(f"{tmp_path / '0001.json'}: the caption {what}")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"path": "0000.png", "caption": "%s"}\n' % escaped)
+    with pytest.raises(DataError, match=rf"m\.jsonl line 1: the caption {what[:12]}"):
+        list_captioned(manifest)
+
+
+def test_a_csv_row_the_csv_module_cannot_read_is_one_line(items, tmp_path):
+    write_captioned_folder(tmp_path, count=2)
+    manifest = tmp_path / "m.csv"
+    long_line = "x" * 60_000
+    manifest.write_text(f'path,caption\n0000.png,"{long_line}\n{long_line}\n{long_line}"\n')
+    with pytest.raises(DataError, match=r"m\.csv line \d+ is not a CSV row \(field larger than field limit") as err:
+        list_captioned(manifest)
+    _one_line(err)

@@ -147,15 +147,29 @@ def _inside(rel, where: str) -> str:
     return norm
 
 
+def _csv_rows(manifest: str, numbered) -> Iterator[Tuple[int, dict]]:
+    """(line number, record) of a CSV manifest's lines; a record the csv module cannot read (a quoted field
+    past its limit, a stray quote) is a one-line DataError naming its line."""
+    records = csv.DictReader(io.StringIO("\n".join(text for _, text in numbered)))
+    while True:
+        try:
+            record = next(records)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            line = numbered[min(records.line_num, len(numbered)) - 1][0] if numbered else 1
+            raise DataError(f"{manifest} line {line} is not a CSV row ({err}); fix its quoting, shorten its caption "
+                            "or remove the row") from None
+        yield numbered[min(records.line_num, len(numbered)) - 1][0], record
+
+
 def manifest_rows(manifest: str) -> Iterator[Row]:
     """The rows of a JSONL (an object per line) or CSV (a header naming the columns) manifest of
     (path, caption); images are looked up beside the manifest."""
     base = posixpath.dirname(manifest) if is_url(manifest) else os.path.dirname(os.path.abspath(manifest))
     lines = _lines(manifest)
     if manifest.lower().endswith(".csv"):
-        numbered = list(lines)
-        records = csv.DictReader(io.StringIO("\n".join(text for _, text in numbered)))
-        rows = ((numbered[min(records.line_num, len(numbered)) - 1][0], r) for r in records)
+        rows = _csv_rows(manifest, list(lines))
     else:
         rows = ((n, _json_row(text, f"{manifest} line {n}")) for n, text in lines if text)
     seen = set()

@@ -46,14 +46,19 @@ def json_caption(raw: bytes, where: str) -> Optional[str]:
     if value is not None and not isinstance(value, str):
         raise DataError(f"{where}: its {JSON_FIELD!r} is a {type(value).__name__}, not text; write the caption as "
                         "a string")
-    return value.strip() if value is not None else None
+    # JSON escapes (\u0000, a lone \ud800) decode to what the raw bytes could not hold: held to the same rules.
+    return checked(value, where) if value is not None else None
 
 
 def checked(text: str, where: str) -> str:
-    """A caption already decoded (a manifest's field), held to the same limits as one read from a file."""
+    """A caption already decoded (a manifest's or a JSON field), held to the same limits as one read from a file."""
     if "\x00" in text:
         raise DataError(f"{where}: the caption holds a NUL character; rewrite it as plain text")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:  # a lone surrogate: no UTF-8 text, and no tokenizer, holds one
+        raise DataError(f"{where}: the caption holds a lone surrogate (character {err.start}), which is not text; "
+                        "rewrite it as plain UTF-8 text") from None
     if size > MAX_CAPTION_BYTES:
         raise too_long(where, size)
     return text.strip()
