@@ -164,10 +164,11 @@ def webdataset_members(items) -> list:
 
 
 def save_tiny_pixart_run(folder, vae, text_encoder, seed: int = 0, std: float = 0.1,
-                         name: str = "PixArt-alpha-XL/2-256", **options) -> str:
+                         name: str = "PixArt-alpha-XL/2-256", text_max_length=None, **options) -> str:
     """A checkpoint folder of a random tiny PixArt (2 blocks, 48 wide, 8x8x4 latents) whose captions are
     `text_encoder`'s (32 wide: the tiny T5's), decoded by `vae`, as `dit convert --to ours` writes one; every
-    weight drawn N(0, std^2) so that no zero-initialised layer hides a mistake. Returns the folder."""
+    weight drawn N(0, std^2) so that no zero-initialised layer hides a mistake; `text_max_length` None leaves its
+    captions' token count to the family's release length. Returns the folder."""
     import torch
 
     from dit_trainer.convert import Bundle, write
@@ -182,5 +183,5 @@ def save_tiny_pixart_run(folder, vae, text_encoder, seed: int = 0, std: float = 
             if key != "pos_embed":
                 p.copy_(torch.randn(p.shape, generator=g) * std)
     bundle = Bundle(state_dict=net.state_dict(), model=model, vae=str(vae), scaling_factor=0.5,
-                    text_encoder=str(text_encoder))
+                    text_encoder=str(text_encoder), text_max_length=text_max_length)
     return str(write("ours", bundle, folder))

@@ -106,7 +106,7 @@ def test_sigma_exports_to_its_pipeline(tmp_path, vae_dir):
     from tests.text_helpers import save_tiny_pixart_run, save_tiny_t5
 
     run = save_tiny_pixart_run(tmp_path / "run", vae_dir, save_tiny_t5(tmp_path / "t5"), seed=1,
-                               name="PixArt-Sigma-XL/2-512")
+                               name="PixArt-Sigma-XL/2-512", text_max_length=120)
     out, bundle = convert("ours", run, "diffusers", tmp_path / "pipe")
     assert "max_sequence_length=120" in call_notes(bundle)[0]  # the run's 120 tokens, not the pipeline's 300
     theirs = _call(_load(out, "PixArtSigmaPipeline"), max_sequence_length=120)

@@ -222,3 +222,18 @@ def test_a_prompt_no_tokenizer_takes_is_one_line():
         with pytest.raises(ConfigError, match="prompts must be UTF-8 strings without NUL bytes") as err:
             check_prompts([bad])
         assert "\n" not in str(err.value)
+
+
+def test_prompts_are_encoded_at_the_token_count_training_uses(text_run):
+    import copy
+
+    from dit_trainer.data.loader import caption_tokens
+    from dit_trainer.sample.prompts import run_text_encoder
+
+    run, _, cfg, encoder = text_run
+    assert cfg.data.text_max_length == 0 and encoder.max_length == caption_tokens(cfg) == 120  # PixArt-alpha's
+    sigma = copy.deepcopy(cfg)
+    sigma.model.name = "PixArt-Sigma-XL/2-512"
+    assert run_text_encoder(sigma, folder=run).max_length == caption_tokens(sigma) == 300
+    sigma.data.text_max_length = 77
+    assert run_text_encoder(sigma, folder=run).max_length == 77

@@ -47,6 +47,7 @@ def model_dict(cfg, convention=None) -> dict:
 def read(src, model=None, vae=None) -> Bundle:
     """A Bundle from our run or checkpoint folder (EMA weights)."""
     from dit_trainer.class_names import dataset_class_names
+    from dit_trainer.data.loader import caption_tokens
     from dit_trainer.sample import vae_source
     from dit_trainer import checkpoint
     from dit_trainer.sample.decode import anchor_vae
@@ -82,7 +83,7 @@ def read(src, model=None, vae=None) -> Bundle:
     return Bundle(state_dict=sd, model=mcfg, vae=vae_id, scaling_factor=scaling, class_names=names,
                   latent_mean=stats and stats[0], latent_std=stats and stats[1],
                   diffusion=diffusion, transport=transport, text_encoder=text_encoder_name(cfg, folder=path),
-                  text_max_length=cfg.data.text_max_length or None, source=str(path))
+                  text_max_length=caption_tokens(cfg), source=str(path))
 
 
 def _labels(path):

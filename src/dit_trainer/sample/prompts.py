@@ -98,7 +98,9 @@ def text_encoder_name(cfg, override=None, folder=None):
 
 def run_text_encoder(cfg, override=None, device="cpu", folder=None):
     """The frozen `TextEncoder` that encodes prompts as the run's captions were: its name (see
-    `text_encoder_name`), token count (`data.text_max_length`) and dtype (`data.text_dtype`)."""
+    `text_encoder_name`), token count (`data.text_max_length`, else the family's release length, as training
+    encodes) and dtype (`data.text_dtype`)."""
+    from dit_trainer.data.loader import caption_tokens
     from dit_trainer.text_encoders import load_text_encoder
 
     name = text_encoder_name(cfg, override, folder)
@@ -106,7 +108,7 @@ def run_text_encoder(cfg, override=None, device="cpu", folder=None):
         raise ConfigError(f"the run of {cfg.model.name} records no text encoder (data.text_encoder); pass "
                           "--text-encoder DIR_OR_ID, the one its captions were encoded with")
     try:
-        return load_text_encoder(name, cfg.data.text_dtype, device, cfg.data.text_max_length or None)
+        return load_text_encoder(name, cfg.data.text_dtype, device, caption_tokens(cfg))
     except DataError as err:
         where = "--text-encoder" if override else "the run's data.text_encoder"
         raise ConfigError(f"{where}: {err}" + ("" if override else "; or pass --text-encoder DIR_OR_ID")) from None
