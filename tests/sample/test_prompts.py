@@ -237,3 +237,14 @@ def test_prompts_are_encoded_at_the_token_count_training_uses(text_run):
     assert run_text_encoder(sigma, folder=run).max_length == caption_tokens(sigma) == 300
     sigma.data.text_max_length = 77
     assert run_text_encoder(sigma, folder=run).max_length == 77
+
+
+def test_a_prompt_cut_at_the_token_count_is_said(text_run, capsys):
+    from dit_trainer.sample.prompts import sample_prompts
+
+    _, model, cfg, encoder = text_run
+    long_prompt = " ".join(["a red cat"] * (encoder.max_length + 5))
+    sample_prompts(model, cfg, None, encoder, ["a cat", long_prompt], cfg_scale=1.0, sampler="ddim", steps=2)
+    assert f"1 prompt(s) ran past {encoder.max_length} tokens and were cut there" in capsys.readouterr().err
+    sample_prompts(model, cfg, None, encoder, ["a cat"], cfg_scale=1.0, sampler="ddim", steps=2)
+    assert "ran past" not in capsys.readouterr().err

@@ -7,6 +7,7 @@ diffusers' PixArt pipelines guide with) or a negative prompt's in its place.
 """
 
 import os
+import sys
 
 import torch
 
@@ -74,10 +75,14 @@ def sample_prompts(model, objective_or_cfg, condition, encoder, prompts, negativ
         condition = text_condition(model)
     device = torch.device(device)
     micro = micro_conditions(model, len(prompts), image_size, device)
+    before = encoder.truncated
     cond = condition.from_prompts(encoder, prompts, device, **micro)
     uncond = None
     if float(cfg_scale) != 1.0:
         uncond = negative_rows(condition, encoder, negative_prompt, len(prompts), device, micro)
+    if encoder.truncated > before:  # as training logs its captions': what the model reads is the cut text
+        print(f"{encoder.truncated - before} prompt(s) ran past {encoder.max_length} tokens and were cut there "
+              "(data.text_max_length)", file=sys.stderr)
     return sample_conditioned(model, objective_or_cfg, condition, cond, uncond, cfg_scale=cfg_scale, device=device,
                               **kwargs)
 
