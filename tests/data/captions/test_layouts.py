@@ -104,3 +104,13 @@ def test_what_is_no_captioned_source(tmp_path):
         list_captioned(tmp_path / "notes.md")
     with pytest.raises(DataError, match="holds no captioned images"):
         list_captioned(tmp_path)
+
+
+def test_a_dot_in_a_shard_members_name_keeps_its_image(tmp_path):
+    items = write_captioned_folder(tmp_path / "images", count=2)
+    members = webdataset_members(items)
+    members[0] = ("0000.v2.png", members[0][1])  # webdataset's key is "0000", its image's extension "v2.png"
+    (tmp_path / "s.tar").write_bytes(tar_bytes(members))
+    listing = list_captioned(tmp_path / "s.tar")
+    assert listing.keys == ["0000", "0001"]
+    assert np.array_equal(read_image(listing.images[0], 8), read_image(str(tmp_path / "images" / "0000.png"), 8))

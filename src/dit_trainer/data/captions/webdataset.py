@@ -89,6 +89,15 @@ def _caption(f, shard: str, key: str, members: Dict[str, tarfile.TarInfo]):
     return None, f"{shard}:{key} (no txt member)"
 
 
+def _image_member(members: dict):
+    """A sample's image member: one of IMAGE_EXTS, else one whose extension ends in one ("v2.jpg": a dot in the
+    file name, which webdataset's split gives to the extension and its decoders read by the last part)."""
+    exact = next((members[e] for e in IMAGE_EXTS if e in members), None)
+    if exact is not None:
+        return exact
+    return next((m for e, m in sorted(members.items()) if e.rsplit(".", 1)[-1].lower() in IMAGE_EXTS), None)
+
+
 def tar_rows(path: str) -> Iterator[Row]:
     """A row per sample with an image member, shard by shard; image references are (shard, offset,
     size, member name), read in place."""
@@ -101,7 +110,7 @@ def tar_rows(path: str) -> Iterator[Row]:
         stamp_of_shard = file_stamp(shard)
         with open_binary(shard) as f:
             for key, members in samples.items():
-                image = next((members[e] for e in IMAGE_EXTS if e in members), None)
+                image = _image_member(members)
                 if image is None:
                     continue
                 if key in seen:
