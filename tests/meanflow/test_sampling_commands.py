@@ -50,10 +50,14 @@ def test_guided_sampling_of_meanflow_is_one_line(meanflow_ckpt, tmp_path):
         sample_latents(meanflow_ckpt[1], build_config(meanflow_ckpt[0] / "config.yaml"), [1], cfg_scale=2.0, steps=1)
 
 
-def test_export_to_diffusers_is_refused_in_one_line(meanflow_ckpt, tmp_path, capsys):
+def test_convert_refuses_a_meanflow_run_in_one_line(meanflow_ckpt, tmp_path, capsys):
     assert main(["convert", "--from", "ours", str(meanflow_ckpt[0]), "--to", "diffusers", str(tmp_path / "out")]) == 2
     assert "no custom diffusers pipeline for MeanFlow is written" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    assert main(["convert", "--from", "ours", str(meanflow_ckpt[0]), "--to", "ours", str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert "is a MeanFlow run (objective meanflow), which dit convert does not rewrite" in err and "h_embedder" not in err
+    assert not (tmp_path / "again").exists()
 
 
 def test_pipeline_samples_meanflow_in_one_call(meanflow_ckpt):

@@ -37,14 +37,22 @@ def add_commands(subparsers) -> None:
 
 def check_export(args) -> None:
     """Refuse in one line to drop a run's autoguidance guide silently (a DiTPipeline folder holds one transformer),
-    and to export a MeanFlow run, which no diffusers pipeline samples."""
+    and to convert a MeanFlow run, which no diffusers pipeline samples and no model bundle carries whole."""
     from dit_trainer import checkpoint
     from dit_trainer.errors import ConfigError
 
-    if args.src_format != "ours" or args.dst_format not in ("diffusers", "ppdiffusers"):
+    if args.src_format != "ours":
         return
     cfg = checkpoint.open(args.src, flag="SRC").config()
-    if cfg is not None and getattr(cfg, "objective", None) == "meanflow":
+    meanflow = cfg is not None and getattr(cfg, "objective", None) == "meanflow"
+    if meanflow and args.dst_format not in ("diffusers", "ppdiffusers"):
+        # A bundle carries the network, not the objective that gives it its interval (and scale) input.
+        raise ConfigError(f"{args.src} is a MeanFlow run (objective meanflow), which dit convert does not rewrite: its "
+                          "model bundles carry no interval input; the run folder itself is what dit sample, "
+                          "sample-ddp and dit_trainer's DiTPipeline read")
+    if args.dst_format not in ("diffusers", "ppdiffusers"):
+        return
+    if meanflow:
         # Its network takes a second time input and its sampler steps an average velocity: a DiTPipeline's
         # transformer and schedulers would load it and sample something else.
         raise ConfigError(f"{args.src} is a MeanFlow run (objective meanflow), and no custom {args.dst_format} pipeline "
