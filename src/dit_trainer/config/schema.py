@@ -167,7 +167,7 @@ class SampleConfig:
     guide_scale: Optional[float] = None  # autoguidance weight w > 1: D_guide + w (D - D_guide); needed with sample.guide
     guidance_interval: Optional[list] = None  # [sigma_lo, sigma_hi]: guide only where sigma_lo < sigma <= sigma_hi, sigma the noise level (noise scale over signal scale, EDM's sigma: the same unit for every schedule and objective; .inf for no upper bound); None guides every step
     ema_std: Optional[float] = None  # sample the post-hoc EMA of this sigma_rel at the checkpoint's step, rebuilt from the train.phema_stds snapshots (as dit ema does) when missing; None: the checkpoint's ema.safetensors
-    sampler: Optional[str] = None  # ddpm | ddim (diffusion) or ode | sde (transport); None: the release's (ddpm, ode)
+    sampler: Optional[str] = None  # ddpm | ddim (diffusion), ode | sde (transport) or meanflow; None: the objective's own (ddpm, ode, meanflow)
     steps: Optional[int] = None  # sampler steps; None: the sampler's default
     negative_prompt: Optional[str] = None  # text-to-image: the caption guidance steers away from, in place of the empty caption; None: "" (the null caption, as diffusers' PixArt pipelines)
 
