@@ -44,21 +44,19 @@ def check_export(args) -> None:
     if args.src_format != "ours":
         return
     cfg = checkpoint.open(args.src, flag="SRC").config()
-    meanflow = cfg is not None and getattr(cfg, "objective", None) == "meanflow"
-    if meanflow and args.dst_format not in ("diffusers", "ppdiffusers"):
+    pipeline = args.dst_format in ("diffusers", "ppdiffusers")
+    if cfg is not None and getattr(cfg, "objective", None) == "meanflow":
+        if pipeline:
+            # Its network takes a second time input and its sampler steps an average velocity: a DiTPipeline's
+            # transformer and schedulers would load it and sample something else.
+            raise ConfigError(f"{args.src} is a MeanFlow run (objective meanflow), and no custom {args.dst_format} "
+                              "pipeline for MeanFlow is written (DiTPipeline's transformer has no interval input, its "
+                              "schedulers no MeanFlow step); sample it with dit sample or dit_trainer's DiTPipeline")
         # A bundle carries the network, not the objective that gives it its interval (and scale) input.
         raise ConfigError(f"{args.src} is a MeanFlow run (objective meanflow), which dit convert does not rewrite: its "
                           "model bundles carry no interval input; the run folder itself is what dit sample, "
                           "sample-ddp and dit_trainer's DiTPipeline read")
-    if args.dst_format not in ("diffusers", "ppdiffusers"):
-        return
-    if meanflow:
-        # Its network takes a second time input and its sampler steps an average velocity: a DiTPipeline's
-        # transformer and schedulers would load it and sample something else.
-        raise ConfigError(f"{args.src} is a MeanFlow run (objective meanflow), and no custom {args.dst_format} pipeline "
-                          "for MeanFlow is written (DiTPipeline's transformer has no interval input, its schedulers no "
-                          "MeanFlow step); sample it with dit sample or dit_trainer's DiTPipeline")
-    if args.without_guide:
+    if not pipeline or args.without_guide:
         return
     if cfg is not None and cfg.sample.guide is not None:
         raise ConfigError(f"{args.src} samples with autoguidance (sample.guide {cfg.sample.guide}), and a "
