@@ -151,16 +151,19 @@ def _csv_rows(manifest: str, numbered) -> Iterator[Tuple[int, dict]]:
     """(line number, record) of a CSV manifest's lines; a record the csv module cannot read (a quoted field
     past its limit, a stray quote) is a one-line DataError naming its line."""
     records = csv.DictReader(io.StringIO("\n".join(text for _, text in numbered)))
+
+    def line() -> int:  # the file's line number of the reader's last line (blank lines were kept as "")
+        return numbered[min(records.line_num, len(numbered)) - 1][0] if numbered else 1
+
     while True:
         try:
             record = next(records)
         except StopIteration:
             return
         except csv.Error as err:
-            line = numbered[min(records.line_num, len(numbered)) - 1][0] if numbered else 1
-            raise DataError(f"{manifest} line {line} is not a CSV row ({err}); fix its quoting, shorten its caption "
+            raise DataError(f"{manifest} line {line()} is not a CSV row ({err}); fix its quoting, shorten its caption "
                             "or remove the row") from None
-        yield numbered[min(records.line_num, len(numbered)) - 1][0], record
+        yield line(), record
 
 
 def manifest_rows(manifest: str) -> Iterator[Row]:
