@@ -26,17 +26,6 @@ ROWS = (("both middle values", 1, 1), ("slant word only", None, 1), ("weight wor
         ("digit alone", None, None), ("thin, upright", 0, 1), ("bold, upright", 2, 1))
 
 
-def real_ranks():
-    """(relative ink mass (N,), slant (N,), digit (N,)) of the real digits, as the captions measure them."""
-    from dit_trainer.data.digit_attributes import digit_captions, measure
-    from dit_trainer.data.digits import load_digit_arrays, upsample_digits
-
-    known = digit_captions()
-    images, digits = load_digit_arrays()
-    mass, slant = measure(upsample_digits(images, 8).numpy())
-    return mass / known.thresholds.median_mass[digits], slant, digits
-
-
 def rank_among(values, reference) -> np.ndarray:
     """Each value's share of `reference` below it (0..1)."""
     ordered = np.sort(reference)
@@ -57,30 +46,26 @@ def main(argv=None) -> int:
     from dit_trainer.data.digit_attributes import caption, classify, digit_captions, measure
     from dit_trainer.demo_text import sample_prompts, sampling_run
 
-    thresholds = digit_captions().thresholds
-    mass, slant, digits = real_ranks()
+    known = digit_captions()  # the real digits as the captions measured them (a rank within a digit is the same
+    mass, lean = known.mass, known.lean  # for ink mass as for mass over the digit's median)
     given = {} if args.cfg_scale is None else {"cfg_scale": args.cfg_scale}
     run = sampling_run(args.run, "cpu", **given)
     print(f"# benchmarks/demo_text_words.py --run {args.run}  {args.n} samples per caption, noise seed {args.seed}, "
           f"sampled as the run recommends{'' if not given else f', but guidance {args.cfg_scale}'}")
     print("| digit | caption | says | weight rank | thin / regular / bold | slant rank | left / upright / right |")
     print("|--:|:--|:--|--:|:--|--:|:--|")
-    held_out = digit_captions().held_out
     for d in args.digits:
-        mine = digits == d
+        mine = known.digits == d
         # The training images of the digit (its held-out triple left out): where "a seven" should land.
-        train = mine & ~held_out
-        w_rank, s_rank = rank_among(mass[train], mass[mine]), rank_among(slant[train], slant[mine])
-        w_cls, s_cls = classify(mass[train] * thresholds.median_mass[d], slant[train], np.full(train.sum(), d), thresholds)
-        print(row(d, "(the training images)", "data", w_rank, s_rank, w_cls, s_cls))
-        for label, weight, lean in ROWS:
-            prompt = caption(d, weight, lean)
+        train = mine & ~known.held_out
+        print(row(d, "(the training images)", "data", rank_among(mass[train], mass[mine]),
+                  rank_among(lean[train], lean[mine]), known.weights[train], known.slants[train]))
+        for label, weight, slant in ROWS:
+            prompt = caption(d, weight, slant)
             images = sample_prompts(run, [prompt] * args.n, seed=args.seed).numpy()
             m, s = measure(images)
-            w_rank = rank_among(m / thresholds.median_mass[d], mass[mine])
-            s_rank = rank_among(s, slant[mine])
-            w_cls, s_cls = classify(m, s, np.full(args.n, d), thresholds)
-            print(row(d, prompt, label, w_rank, s_rank, w_cls, s_cls), flush=True)
+            w_cls, s_cls = classify(m, s, np.full(args.n, d), known.thresholds)
+            print(row(d, prompt, label, rank_among(m, mass[mine]), rank_among(s, lean[mine]), w_cls, s_cls), flush=True)
     return 0
 
 

@@ -137,8 +137,8 @@ def is_held_out(digits, weights, slants) -> np.ndarray:
 class DigitCaptions:
     """Every real digit with what it shows: `digits`, `weights`, `slants` (N,) int64 (tertiles), `prompts` (the
     full triple's caption), `captions` (what training reads: an attribute within `margin` of a cut left
-    unsaid; `says_weight`, `says_slant` (N,) bool say which are said), `held_out` (N,) bool, and the
-    `thresholds` they were cut with."""
+    unsaid; `says_weight`, `says_slant` (N,) bool say which are said), `held_out` (N,) bool, the
+    `thresholds` they were cut with, and the measures cut: `mass` (N,) ink mass and `lean` (N,) slant (`measure`)."""
 
     digits: np.ndarray
     weights: np.ndarray
@@ -150,6 +150,8 @@ class DigitCaptions:
     held_out: np.ndarray
     thresholds: Thresholds
     margin: float
+    mass: np.ndarray
+    lean: np.ndarray
 
 
 def digit_captions(margin=None) -> DigitCaptions:
@@ -172,4 +174,4 @@ def _digit_captions(margin: float) -> DigitCaptions:
     captions = tuple(caption(d, w if sw else None, s if ss else None)
                      for (d, w, s), sw, ss in zip(triples, says_w.tolist(), says_s.tolist()))
     return DigitCaptions(digits, weights, slants, prompts, captions, says_w, says_s, is_held_out(digits, weights, slants),
-                         thresholds, margin)
+                         thresholds, margin, mass, slant)
