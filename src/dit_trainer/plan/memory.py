@@ -5,13 +5,16 @@ count per tensor), the EMA and each post-hoc EMA profile (`train.phema_stds`), e
 family's `tp_split` part, FSDP shards everything over `dp_shard`); then, during the step, the
 activations the blocks keep for the backward (times the micro-batches a pipeline schedule keeps
 in flight), autocast's bf16 weight copies (without FSDP, whose gathered weights are bf16
-already), what FSDP gathers and reduces, and the backward's transients. The peak is taken at the
-two ends of a backward pass: all activations and no gradients yet, or the gradients and what a
-schedule still keeps in flight.
+already, unless the objective has FSDP gather float32), what FSDP gathers and reduces, and the
+backward's transients. The peak is taken at the two ends of a backward pass: all activations and no
+gradients yet, or the gradients and what a schedule still keeps in flight. An objective whose loss
+runs through a JVP in float32 (`meanflow/costs.py`, `jvp: graph`) keeps float32 activations for its
+primal and tangent passes; its calls without gradient keep nothing for the backward.
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
+from dit_trainer.meanflow.costs import NO_EXTRA
 from dit_trainer.models.costs import PerToken
 from dit_trainer.parallel.pipeline_parallel import stage_ranges
 
@@ -22,12 +25,30 @@ class Numerics:
 
     act_bytes: int = 2  # activations: 2 under bf16/fp16 autocast, 4 in float32
     fused_attention: bool = True  # a fused SDPA kernel, not the CPU bf16 matmul attention
+    float32_gathers: bool = False  # FSDP gathers float32 weights (an objective's float32 calls), autocast casts them
 
     @classmethod
     def of(cls, mixed_precision: str, device: str) -> "Numerics":
         """What `train.mixed_precision` computes in on `device` (cuda | cpu)."""
         half = mixed_precision in ("bf16", "fp16")
         return cls(2 if half else 4, fused_attention=device == "cuda" or not half)
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes a weight FSDP gathers: its param_dtype, train.mixed_precision's unless float32 is asked."""
+        return 2 if self.act_bytes == 2 and not self.float32_gathers else 4
+
+    def with_objective(self, objective) -> "Numerics":
+        """These widths with the objective's (`meanflow.costs.ObjectiveCost`) FSDP gather dtype."""
+        return replace(self, float32_gathers=True) if objective.float32_gathers else self
+
+    def of_call(self, call) -> "Numerics":
+        """The widths a network call (`meanflow.costs.Call`) computes in: float32 outside autocast (a fused
+        SDPA kernel, as a float32 run's), and SDPA's math kernel inside a JVP (the one with a forward derivative)."""
+        if not (call.float32 or call.jvp):
+            return self
+        fused = (call.float32 or self.fused_attention) and not call.jvp
+        return replace(self, act_bytes=4 if call.float32 else self.act_bytes, fused_attention=fused)
 
 
 @dataclass(frozen=True)
@@ -116,10 +137,16 @@ def stage_of(costs, layout, pp_rank: int) -> tuple[int, bool, bool]:
     return sum(ranges[i][1] - ranges[i][0] for i in ids), 0 in ids, n - 1 in ids
 
 
-def rank_memory(costs, layout, global_batch: int, numerics: Numerics, profiles: int = 0) -> list:
+def rank_memory(costs, layout, global_batch: int, numerics: Numerics, profiles: int = 0, objective=NO_EXTRA) -> list:
     """One `RankMemory` per pipeline rank (data- and tensor-parallel peers hold the same), with
-    `profiles` post-hoc EMA profiles tracked."""
-    return [_rank(costs, layout, global_batch, numerics, r, profiles) for r in range(layout.pp)]
+    `profiles` post-hoc EMA profiles tracked and the step's network calls `objective` (`meanflow.costs`)."""
+    return [_rank(costs, layout, global_batch, numerics.with_objective(objective), r, profiles, objective.loss)
+            for r in range(layout.pp)]
+
+
+def eager(layout, call):
+    """`layout` as `call` runs it: a JVP runs eager under train.compile (meanflow/jvp.py)."""
+    return replace(layout, compile=False) if call.jvp and layout.compile else layout
 
 
 def state_bytes(costs, layout, pp_rank: int = 0, profiles: int = 0) -> dict:
@@ -142,11 +169,13 @@ def _uses_fsdp(layout) -> bool:
 
 
 def resid_bytes(layout, numerics) -> int:
-    """Width of the residual stream: FSDP's mixed precision casts each block's inputs to bf16."""
-    return 2 if numerics.act_bytes == 2 and _uses_fsdp(layout) else 4
+    """Width of the residual stream: FSDP's mixed precision casts each block's inputs to its gather dtype."""
+    return 2 if numerics.gather_bytes == 2 and _uses_fsdp(layout) else 4
 
 
-def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0) -> RankMemory:
+def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0, loss=NO_EXTRA.loss) -> RankMemory:
+    # The loss's call sets the widths of what the backward keeps (float32 through a JVP outside autocast).
+    layout, numerics = eager(layout, loss), numerics.of_call(loss)
     a, tp, r = numerics.act_bytes, layout.tp, resid_bytes(layout, numerics)
     blocks, first, last = stage_of(costs, layout, pp_rank)
     edges = [part for part, held in ((costs.first, first), (costs.last, last)) if held]
@@ -159,13 +188,15 @@ def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0) -> RankMem
     saved = saved_per_token(costs, layout, numerics)
     block_mb = tokens * saved.nbytes(a, tp, r)
     per_mb = blocks * block_mb + (tokens * costs.edge_saved.nbytes(a, 1, r) if last else 0)
+    per_mb *= loss.forwards  # a JVP with gradient keeps its tangent pass's activations beside the primal's
     scores = 0 if numerics.fused_attention else costs.scores.nbytes(a, tp)  # the matmul path's backward
     transient = tokens * (costs.transient.nbytes(a, tp, r) + scores)
     if _uses_fsdp(layout):
         # A block's backward leaves its unsharded gradient and the float32 reduce-scatter input,
         # which outweigh the activations it frees only at tiny batches.
-        transient += max(0.0, (a + 4) * block_local - block_mb)
-    autocast = a == 2 and not _uses_fsdp(layout)
+        transient += max(0.0, (numerics.gather_bytes + 4) * block_local - block_mb)
+    # Autocast casts the matmul weights unless FSDP gathers them in the activations' dtype already.
+    autocast = a == 2 and (not _uses_fsdp(layout) or numerics.float32_gathers)
     matmul_local = costs.block.matmul - costs.block.tp_split + costs.block.tp_split / tp
     recompute = 0.0
     if layout.ac != "none":
@@ -194,7 +225,7 @@ def _comm(costs, layout, numerics, blocks, block_local, edge_params, trainable, 
     """What the data- and pipeline-parallel machinery allocates on top of weights and activations."""
     pp = layout.pp
     fsdp = _uses_fsdp(layout)
-    pb = 2 if numerics.act_bytes == 2 else 4  # FSDP's param_dtype follows train.mixed_precision
+    pb = numerics.gather_bytes  # FSDP's param_dtype: train.mixed_precision's, or float32 for the objective
     out = 0.0
     if fsdp:
         if pp > 1:

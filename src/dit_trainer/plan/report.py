@@ -1,6 +1,7 @@
 """The text `dit plan` prints: a header, the ranked table, why #1 beats #2, what does not fit."""
 
-from dit_trainer.plan.search import GIB, why_first
+from dit_trainer.meanflow.costs import NO_EXTRA
+from dit_trainer.plan.search import GIB, step_calls, why_first
 
 
 def micro(layout) -> str:
@@ -27,6 +28,15 @@ def text_encoder(cfg, costs) -> str:
             "(sharded over dp_shard under FSDP)")
 
 
+def objective_note(cfg) -> str:
+    """The header's note of an objective that calls the network more than flow matching does (", objective
+    meanflow: 6.15 forwards a sample per step (flow matching: 3)"), or ""."""
+    calls = step_calls(cfg)
+    if calls == NO_EXTRA:
+        return ""
+    return f", objective {cfg.objective}: {3 + calls.extra_forwards:.3g} forwards a sample per step (flow matching: 3)"
+
+
 def header(request, costs, plans) -> str:
     """Model, batch, machine and what was searched."""
     cfg, hw = request.cfg, request.hardware
@@ -35,7 +45,7 @@ def header(request, costs, plans) -> str:
     nodes = -(-request.gpus // request.gpus_per_node)
     return (f"{costs.name}: {params / 1e9:.3g}B parameters, {costs.depth} blocks, {costs.tokens} tokens per image "
             f"({cfg.model.input_size}x{cfg.model.input_size} latents), global batch {cfg.train.global_batch_size}, "
-            f"{cfg.train.mixed_precision}{routed(cfg)}{text_encoder(cfg, costs)}\n"
+            f"{cfg.train.mixed_precision}{routed(cfg)}{text_encoder(cfg, costs)}{objective_note(cfg)}\n"
             f"{request.gpus} x {hw.name} ({nodes} node{'s' * (nodes > 1)} of {request.gpus_per_node}), "
             f"{request.usable_bytes / GIB:.1f} GiB usable per rank; profile: {hw.source or hw.name}\n"
             f"{len(plans)} layouts priced, {fitting} fit")

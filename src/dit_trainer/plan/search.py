@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from dit_trainer.config import given_keys
 from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, COMPILE_MIN_PARAMS
 from dit_trainer.errors import ConfigError
+from dit_trainer.meanflow.costs import objective_cost
 from dit_trainer.models import get_spec
 from dit_trainer.models.routing import TokenRouting
 from dit_trainer.plan.hardware import load_hardware
@@ -105,6 +106,16 @@ def model_costs(cfg):
     return costs.routed(routing.tokens_per_block()) if routing else costs
 
 
+# The config key of each condition's dropout share (condition/: ClassCondition, TextCondition).
+_DROPOUT = {"class": ("model", "class_dropout_prob"), "text": ("data", "caption_dropout_prob")}
+
+
+def step_calls(cfg):
+    """The network calls of `cfg`'s train step beyond a flow-matching one (`meanflow.costs.ObjectiveCost`)."""
+    section, key = _DROPOUT.get(get_spec(cfg.model.name).condition, _DROPOUT["class"])
+    return objective_cost(cfg, getattr(getattr(cfg, section), key))
+
+
 def plan_layouts(request: Request) -> list:
     """Every candidate Plan, those that fit first, fastest first; then the rest by how little they need."""
     cfg = request.cfg
@@ -113,18 +124,21 @@ def plan_layouts(request: Request) -> list:
     machine = Machine(request.gpus, request.gpus_per_node, request.hardware)
     batch = cfg.train.global_batch_size
     ac, compiled = _choices(request, costs)
+    objective = step_calls(cfg)
     plans = []
-    # Token routing (train/preflight.py), REPA (repa/config.py) and a family without a stage split do not run pipelined.
+    # Token routing (train/preflight.py), REPA (repa/config.py) and a family without a stage split do not run pipelined;
+    # an objective refuses the layouts its step cannot run (MeanFlow: PP, and TP, AC or DDP for some jvp paths).
     no_pp = cfg.train.routing_keep < 1 or cfg.repa.enabled or get_spec(cfg.model.name).pipelining_fn is None
     for layout in candidate_layouts(request.gpus, request.gpus_per_node, costs.depth, batch, costs.tp_divides,
                                     ac_choices=ac, compile_choices=compiled):
-        if layout.pp > 1 and no_pp:
+        if layout.pp > 1 and no_pp or not objective.runs(layout):
             continue
         if layout.compile and "train.activation_memory_budget" in request.pinned and layout.budget != 1.0:
             layout = Layout(**{**layout.__dict__, "budget": cfg.train.activation_memory_budget})
         profiles = len(cfg.train.phema_stds)
-        plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics, profiles),
-                          step_time(costs, layout, machine, numerics, batch, profiles), batch, request.usable_bytes))
+        plans.append(Plan(layout, rank_memory(costs, layout, batch, numerics, profiles, objective),
+                          step_time(costs, layout, machine, numerics, batch, profiles, objective), batch,
+                          request.usable_bytes))
     if not plans:
         raise ConfigError(f"no layout of {request.gpus} ranks splits train.global_batch_size {batch}; "
                           f"make it a multiple of {request.gpus}")

@@ -13,12 +13,19 @@ collectives hide behind the compute of the other blocks and only the first gathe
 exceeds the compute show; tensor parallelism's all-reduces sit on the critical path everywhere.
 GPipe and 1F1B idle (pp - 1) micro-batch slots per step, interleaved 1F1B half as many (on a CPU
 whose cores the processes share, another process takes an idle stage's core).
+
+An objective that calls the network more than once a step (`meanflow/costs.py`) adds each call's
+forwards over its share of the rows, at its width's matmul rate (float32 at half the bf16 rate),
+with its elementwise work; each call gathers every block once more under FSDP (in float32 where the
+objective gathers float32), all-reduces once more per block under TP, and adds half a forward and
+backward's host work (FSDP hooks, TP dispatch, launches).
 """
 
 import math
 from dataclasses import dataclass, fields
 
-from dit_trainer.plan.memory import _uses_fsdp, compiled_items, compiled_kept, resid_bytes, stage_of
+from dit_trainer.meanflow.costs import NO_EXTRA
+from dit_trainer.plan.memory import _uses_fsdp, compiled_items, compiled_kept, eager, resid_bytes, stage_of
 
 DDP_BUCKET_BYTES = 100 * 2**20  # the trainer's replicate(bucket_cap_mb=100)
 
@@ -72,21 +79,35 @@ def _gather(nbytes, n, bw, lat):
     return lat + (n - 1) / n * nbytes / bw if n > 1 else 0.0
 
 
-def _compute(costs, layout, machine, numerics, tokens, blocks, first, last):
-    """(forward+backward seconds, recompute seconds) of one rank's blocks and edges over `tokens`."""
-    hw, tp, n = machine.hardware, layout.tp, costs.tokens
-    mm_rate = hw.matmul_rate(tokens / layout.microbatches, numerics.act_bytes)
-    # Forward FLOPs per token of q kᵀ and the weighted sum (less where token routing shortens blocks).
-    attention = 4 * n * costs.hidden / tp * costs.attention_share
-    fwd_flops = tokens * (blocks * (costs.block_flops / tp + costs.block_flops_per_image / n)
-                          + (first + last) / 2 * costs.edge_flops)
+def _elementwise(costs, machine, numerics, tokens, blocks, tp, compiled):
+    """Seconds of the blocks' elementwise work, forward and backward, over `tokens`."""
+    hw = machine.hardware
     elementwise = 0.0
     for kind, count in costs.elementwise.items():
         if kind == "softmax" and numerics.fused_attention:
             continue  # inside the fused kernel
         elementwise += tokens * blocks * count.elements(tp) / hw.elementwise_rate(kind)
-    if layout.compile:
+    if compiled:
         elementwise *= hw.compiled_elementwise
+    return elementwise
+
+
+def _forward_flops(costs, tp, tokens, blocks, first, last):
+    """Forward FLOPs of one tensor-parallel rank's blocks and edges over `tokens`."""
+    return tokens * (blocks * (costs.block_flops / tp + costs.block_flops_per_image / costs.tokens)
+                     + (first + last) / 2 * costs.edge_flops)
+
+
+def _compute(costs, layout, machine, numerics, tokens, blocks, first, last, objective=NO_EXTRA):
+    """(forward+backward seconds, recompute seconds) of one rank's blocks and edges over `tokens`, with the
+    objective's calls without gradient."""
+    hw, tp, n, loss = machine.hardware, layout.tp, costs.tokens, objective.loss
+    step_numerics, numerics, layout = numerics, numerics.of_call(loss), eager(layout, loss)
+    mm_rate = hw.matmul_rate(tokens / layout.microbatches, numerics.act_bytes)
+    # Forward FLOPs per token of q kᵀ and the weighted sum (less where token routing shortens blocks).
+    attention = 4 * n * costs.hidden / tp * costs.attention_share
+    fwd_flops = _forward_flops(costs, tp, tokens, blocks, first, last)
+    elementwise = _elementwise(costs, machine, numerics, tokens, blocks, tp, layout.compile)
     extra_flops = 0.0 if numerics.fused_attention else tokens * blocks * attention / 2  # the backward's q kᵀ
     recompute = 0.0
     if layout.ac == "full":
@@ -101,13 +122,24 @@ def _compute(costs, layout, machine, numerics, tokens, blocks, first, last):
         if not numerics.fused_attention and costs.scores in items[kept:]:
             recompute += tokens * blocks * attention / 2 / mm_rate
     share = machine.core_share
-    return (3 * fwd_flops + extra_flops) / mm_rate * share + elementwise * share, recompute * share
+    step = loss.forwards * ((3 * fwd_flops + extra_flops) / mm_rate * share + elementwise * share)
+    for call in objective.extra:
+        # A forward over the call's rows: its matmuls at its width's rate, a third of the elementwise work.
+        width, rows = step_numerics.of_call(call), call.share * tokens
+        rate = hw.matmul_rate(rows / layout.microbatches, width.act_bytes)
+        ops = _elementwise(costs, machine, width, rows, blocks, tp, layout.compile and not call.jvp) / 3
+        step += call.forwards * (_forward_flops(costs, tp, rows, blocks, first, last) / rate + ops) * share
+    return step, recompute * share
 
 
-def step_time(costs, layout, machine: Machine, numerics, global_batch: int, profiles: int = 0) -> StepTime:
+def step_time(costs, layout, machine: Machine, numerics, global_batch: int, profiles: int = 0,
+              objective=NO_EXTRA) -> StepTime:
     """The predicted seconds of one optimizer step of `layout` (the slowest pipeline rank's), with `profiles`
-    post-hoc EMA profiles (`train.phema_stds`) updated after it."""
+    post-hoc EMA profiles (`train.phema_stds`) updated after it and the network calls `objective`
+    (`meanflow.costs.ObjectiveCost`) makes."""
     hw = machine.hardware
+    numerics = numerics.with_objective(objective)
+    extra_calls = sum(c.calls for c in objective.extra)  # network calls per micro-batch beside the loss's
     lat = hw.link_latency_us * 1e-6
     if machine.core_share > 1 and hw.crowded_latency_us:
         # Processes outnumber the cores: a collective waits until its peers are scheduled too.
@@ -117,7 +149,7 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int, prof
     tokens_mb = tokens // m
     a = numerics.act_bytes
     stages = [stage_of(costs, layout, r) for r in range(pp)]
-    per_rank = [_compute(costs, layout, machine, numerics, tokens, *s) for s in stages]
+    per_rank = [_compute(costs, layout, machine, numerics, tokens, *s, objective) for s in stages]
     compute, recompute = max(per_rank, key=lambda cr: cr[0] + cr[1])
     blocks = max(s[0] for s in stages)
     block_local = costs.block.local(tp)
@@ -129,15 +161,20 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int, prof
         calls = forward * (1 + (layout.ac == "full")) + backward  # a recomputed forward all-reduces again
         per_call = _all_reduce(tokens_mb * costs.tp_allreduce.nbytes(a), tp, machine.link(tp), lat)
         tp_comm = blocks * m * calls * per_call
+        for call in objective.extra:  # its forwards' all-reduces, over its rows
+            rows = call.share * tokens_mb * costs.tp_allreduce.nbytes(numerics.of_call(call).act_bytes)
+            tp_comm += blocks * m * call.calls * forward * _all_reduce(rows, tp, machine.link(tp), lat)
         # Each wrapped layer's DTensor dispatch, on the host, per forward+backward (+ a recomputed forward).
         tp_comm += blocks * m * costs.tp_modules * hw.tp_module_overhead_s * (1 + (layout.ac == "full") / 2)
+        tp_comm += blocks * m * costs.tp_modules * hw.tp_module_overhead_s * extra_calls / 2
 
     # Data parallel: hidden behind compute where the device overlaps.
     dp_comm, first_gather = 0.0, 0.0
-    pb = 2 if a == 2 else 4
+    pb = numerics.gather_bytes
     if _uses_fsdp(layout):
         gathered = blocks * block_local + _edges(costs, pp, "trainable")
-        gathers = 1 if pp > 1 else 2 * m  # forward and backward of every micro-batch, or once under PP
+        # Forward and backward of every micro-batch and each of its other calls, or once under PP.
+        gathers = 1 if pp > 1 else (2 + extra_calls) * m
         bw = machine.link(tp * shard)
         gather = _gather(pb * gathered, shard, bw, lat * (blocks + 1))
         reduce = _gather(4 * gathered, shard, bw, lat * (blocks + 1))
@@ -165,9 +202,10 @@ def step_time(costs, layout, machine: Machine, numerics, global_batch: int, prof
     if hw.overlap:
         dp_comm = max(0.0, dp_comm - (compute + recompute)) + first_gather
     optimizer = _optimizer(costs, layout, machine, blocks, profiles)
-    overhead = hw.step_overhead_s + m * hw.microbatch_overhead_s
+    # A call without gradient: half a forward and backward's host work.
+    overhead = hw.step_overhead_s + m * hw.microbatch_overhead_s * (1 + extra_calls / 2)
     if _uses_fsdp(layout):
-        overhead += blocks * m * hw.fsdp_block_overhead_s
+        overhead += blocks * m * hw.fsdp_block_overhead_s * (1 + extra_calls / 2)
     # On a CPU the collectives and the host work run on the shared cores too.
     share = machine.core_share
     return StepTime(compute, recompute, (tp_comm + dp_comm + p2p) * share, bubble, optimizer, overhead * share)
