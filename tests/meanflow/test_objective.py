@@ -175,6 +175,28 @@ def test_predicted_tangent_takes_du_dt_along_the_networks_own_velocity(tiny, pat
     assert not torch.allclose(got, sample)  # the tangent reached du/dt
 
 
+def test_the_predicted_tangent_and_the_difference_run_in_float32_the_rest_under_autocast(tiny, monkeypatch):
+    """Each call's `amp`: the loss's forward and the unconditional velocity under the run's autocast, the
+    tangent and the difference's two forwards outside it (a bf16 tangent would carry its rounding into du/dt)."""
+    from dit_trainer.train.step_model import StepModel
+
+    model, x, y, drop = tiny
+    seen, call = [], StepModel.__call__
+
+    def recording(self, x_t, t, h=None, drop=None, amp=True, w=None):
+        kind = "unconditional" if drop is not None else "loss" if bool((h != 0).any()) else "tangent"
+        seen.append((kind, amp))
+        return call(self, x_t, t, h=h, drop=drop, amp=amp, w=w)
+
+    monkeypatch.setattr(StepModel, "__call__", recording)
+    objective = build_objective(tiny_config(tangent="predicted", jvp="difference", omega=1.5, kappa=0.0, ratio=1.0))
+    d = draws_for(x, r=torch.tensor([0.2, 0.6, 0.1, 0.3, 0.05, 0.0]))  # every r below its t
+    objective.losses(step_model(model, y, drop), x, d)
+    kinds = [kind for kind, _ in seen]
+    assert kinds[:3] == ["loss", "unconditional", "tangent"] and len(kinds) == 5  # then the difference's two
+    assert [amp for _, amp in seen] == [True, True, False, False, False]
+
+
 def test_meanflow_has_no_single_output_loss():
     with pytest.raises(NotImplementedError, match="losses"):
         build_objective(tiny_config()).loss(torch.zeros(1), torch.zeros(1), {})

@@ -135,11 +135,12 @@ class MeanFlowObjective(Objective):
     def tangent(self, model_fn, z, t, v, w=None):
         """The direction in z of du/dt: the target's velocity v (the paper's), or with `tangent: predicted`
         the network's own instantaneous velocity at (z, t) under the step's condition (and scale w), no
-        gradient (iMF's): the flow's direction without the noise of one sample's e - x."""
+        gradient (iMF's): the flow's direction without the noise of one sample's e - x. In float32 like the JVP
+        it steers: a bf16 tangent would carry its rounding into du/dt."""
         if self.config.tangent == "sample":
             return v
         with torch.no_grad():
-            return self.u(model_fn, z, t, t, w=w).to(v.dtype)
+            return self.u(model_fn, z, t, t, amp=False, w=w).to(v.dtype)
 
     def _moving_derivative(self, model_fn, z, t, r, v, w=None):
         """du/dt where r != t, zero elsewhere: the target multiplies it by t - r, so the JVP (no gradient) runs
