@@ -138,6 +138,36 @@ def test_jvp_equals_finite_difference_and_autograd(tiny):
     model.train()
 
 
+def test_central_difference_is_as_close_to_the_jvp_at_the_ends_of_the_trained_times(tiny):
+    """Within a step of t = 1 and of r = t the difference reads the network a step past its trained times (its
+    time below 0, h below 0): smooth there, it stays as close to the JVP as inside, unlike a one-sided one."""
+    model, x, y, drop = tiny
+    model = model.eval()
+    net = paper_net(model, y, None)
+    t = torch.tensor([0.999, 0.9975, 0.7, 0.5, 0.35, 1.0])
+    r = torch.tensor([0.2, 0.1, 0.698, 0.499, 0.3, 0.0])  # rows 0, 1, 5 near t = 1; rows 2, 3 near r = t
+    d = draws_for(x, t=t, r=r)
+    tt = t.view(-1, 1, 1, 1)
+    z, v = (1 - tt) * x + tt * d["noise"], d["noise"] - x
+
+    def u(z, t, r):
+        return net(z, t, t - r)
+
+    _, dudt = time_derivative(u, z, t, r, v)
+    ours = central_difference(u, z, t, r, v)
+    s = DIFFERENCE_STEP
+    ahead, behind = torch.clamp(1 - t, max=s), torch.clamp(t - r, max=s)  # the room left inside
+    a, b = ahead.view(-1, 1, 1, 1), behind.view(-1, 1, 1, 1)
+    with torch.no_grad():
+        inside = (u(z + a * v, t + ahead, r) - u(z - b * v, t - behind, r)) / (a + b)
+    for row in (0, 1, 2, 3, 5):
+        scale = dudt[row].abs().max()
+        err = (ours[row] - dudt[row]).abs().max() / scale
+        assert err < 1e-3
+        assert (inside[row] - dudt[row]).abs().max() / scale > 5 * err
+    model.train()
+
+
 def test_difference_path_trains_as_the_jvp_does(tiny):
     """jvp: difference differs from separate only in du/dt: losses and gradients agree to the difference's error."""
     _, x, y, drop = tiny
