@@ -51,6 +51,18 @@ CASES = {
     "fsdp2_tp2_s": (4, DIT_S, 16, {"dp_shard": 2, "tp": 2}, {}),
     "fsdp4_b": (4, DIT_B, 16, {"dp_shard": 4}, {}),
     "pp2_fsdp2_ldit": (4, LDIT, 16, {"pp": 2, "dp_shard": 2, "pp_schedule": "1f1b", "pp_microbatches": 2}, {}),
+    # MeanFlow: the network calls its step makes beside the loss's (meanflow/costs.py), by the demo's du/dt
+    # (a central difference along the predicted tangent, guided) and by the default JVP.
+    "mf_single_s": (1, DIT_S, 8, {}, {}),
+    "mf_jvp_s": (1, DIT_S, 8, {}, {}),
+    "mf_fsdp2_s": (2, DIT_S, 16, {"dp_shard": 2}, {}),
+}
+_DEMO_MF = {"omega": 1.1, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted"}
+# Cases trained with another objective than the default (flow matching): their config sections.
+OBJECTIVES = {
+    "mf_single_s": {"objective": "meanflow", "meanflow": _DEMO_MF},
+    "mf_jvp_s": {"objective": "meanflow", "meanflow": {**_DEMO_MF, "jvp": "separate"}},
+    "mf_fsdp2_s": {"objective": "meanflow", "meanflow": _DEMO_MF},
 }
 
 
@@ -66,6 +78,7 @@ def case_config(name, out):
         "train": {"global_batch_size": batch, "device": "cpu", "compile": "false", "max_steps": 100, **train},
         "logging": {"tensorboard": False, "progress": False},
         "parallel": {"dp_shard": -1, **parallel},
+        **OBJECTIVES.get(name, {}),
     })
 
 
@@ -122,6 +135,7 @@ def predict(name, hardware):
     from dit_trainer.models import get_spec
     from dit_trainer.plan.layouts import Layout
     from dit_trainer.plan.memory import Numerics, rank_memory
+    from dit_trainer.plan.search import step_calls
     from dit_trainer.plan.timing import Machine, step_time
     from dit_trainer.train.choices import resolve_amp_dtype
 
@@ -136,9 +150,11 @@ def predict(name, hardware):
                     parallel.get("pp_microbatches", 1) if pp > 1 else train.get("grad_accum_steps", 1),
                     train.get("activation_checkpointing", "none"), train.get("compile") == "true",
                     float(train.get("activation_memory_budget", 1.0)))
-    memory = [r.total for r in rank_memory(costs, layout, batch, numerics)]
+    objective = step_calls(cfg)  # flow matching's: no calls beside the loss's
+    memory = [r.total for r in rank_memory(costs, layout, batch, numerics, objective=objective)]
     machine = Machine(world, world, hardware)
-    return layout, memory, step_time(costs, layout, machine, numerics, batch).total, machine.core_share
+    step = step_time(costs, layout, machine, numerics, batch, objective=objective).total
+    return layout, memory, step, machine.core_share
 
 
 def others_wait(row) -> float:

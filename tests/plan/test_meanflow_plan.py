@@ -11,7 +11,7 @@ from dit_trainer.meanflow.costs import NO_EXTRA, Call, ObjectiveCost, moving_sha
 from dit_trainer.meanflow.timesteps import sample_t_r
 from dit_trainer.plan import load_hardware, make_request, plan_layouts
 from dit_trainer.plan.layouts import Layout
-from dit_trainer.plan.memory import Numerics, rank_memory
+from dit_trainer.plan.memory import Numerics, calls_transient, rank_memory
 from dit_trainer.plan.search import model_costs, step_calls
 from dit_trainer.plan.timing import Machine, _gather, step_time
 
@@ -132,8 +132,11 @@ def test_jvp_graph_is_priced_as_two_float32_forward_and_backwards_through_the_ma
     [ref] = rank_memory(costs, Layout(), batch, math)
     tokens = batch * costs.tokens
     transient = tokens * (costs.transient.nbytes(4, 1, 4) + costs.scores.nbytes(4, 1))
+    # Beside them the predicted tangent's call, a float32 forward over every row: one block's working set.
+    beside = max(transient, calls_transient(costs, Layout(), bf16.with_objective(objective), tokens, objective.extra))
+    assert beside > transient
     assert ref.grads == 0 and kept.grads == 0  # the peak with every activation, before the gradients
-    assert kept.activations - transient == pytest.approx(2 * (ref.activations - transient))
+    assert kept.activations - beside == pytest.approx(2 * (ref.activations - transient))
     assert kept.casts == 0 < rank_memory(costs, Layout(), batch, bf16, objective=step_calls(_cfg(meanflow={})))[0].casts
 
 
@@ -184,3 +187,28 @@ def test_dit_plan_says_how_many_forwards_a_meanflow_step_runs():
     expected = 3 + (1 - mean.model.class_dropout_prob) + mean.meanflow.ratio * 3
     assert f"objective meanflow: {expected:.3g} forwards a sample per step" in header(request, model_costs(mean), [])
     assert "forwards" not in header(make_request(flow, 1, 1, "cpu"), model_costs(flow), [])
+
+
+def test_the_calls_without_gradient_add_their_largest_working_set_beside_the_losss_activations():
+    """In a float32 run every call computes at one width: the largest share of rows (the unconditional
+    velocity's) sets the working set, which outweighs the backward's transients; a JVP holds twice a forward's;
+    flow matching adds nothing."""
+    batch = 8
+    cfg = _cfg(meanflow=DEMO, batch=batch, mixed_precision="fp32")
+    costs, numerics, tokens = model_costs(cfg), Numerics.of("fp32", "cpu"), batch * model_costs(cfg).tokens
+    objective = step_calls(cfg)
+    kept = costs.saved["none"] + costs.fused_attention
+    largest = max(c.share for c in objective.extra)
+    assert largest == pytest.approx(1 - cfg.model.class_dropout_prob)  # guided over every t, labels kept
+    assert calls_transient(costs, Layout(), numerics, tokens, objective.extra) == pytest.approx(
+        largest * tokens * kept.nbytes(4, 1, 4))
+    jvp = step_calls(_cfg(meanflow={**DEMO, "jvp": "separate"}, batch=batch, mixed_precision="fp32"))
+    # The JVP: primal and tangent over the moving rows, attention through SDPA's math kernel (its scores).
+    dual = 2 * cfg.meanflow.ratio * tokens * (costs.saved["none"].nbytes(4, 1, 4) + costs.scores.nbytes(4, 1))
+    assert calls_transient(costs, Layout(), numerics, tokens, jvp.extra) == pytest.approx(dual)
+    [flow] = rank_memory(costs, Layout(), batch, numerics)
+    [mean] = rank_memory(costs, Layout(), batch, numerics, objective=objective)
+    backward = tokens * costs.transient.nbytes(4, 1, 4)
+    assert mean.activations - flow.activations == pytest.approx(
+        calls_transient(costs, Layout(), numerics, tokens, objective.extra) - backward)
+    assert calls_transient(costs, Layout(), numerics, tokens, NO_EXTRA.extra) == 0

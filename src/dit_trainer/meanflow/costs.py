@@ -19,9 +19,10 @@ step's forward and backward; the guided calls as above, and a predicted tangent 
 
 Under FSDP with bf16 or fp16 a MeanFlow run gathers its weights in float32 (`Objective.float32_calls`,
 `train.choices.gathered_dtype`). The shares are expectations over the config's (t, r) densities, as
-`meanflow/timesteps.py` draws them. Not counted: the activations of the calls without gradient (freed block
-by block, one block's at a time, beside those the loss keeps), the one row a call makes when its mask
-selects none, and what forward-mode AD's dual tensors cost beyond two forwards.
+`meanflow/timesteps.py` draws them. The calls without gradient keep nothing for the backward; the planner's
+memory counts the largest one's working set, one block's forward over its rows, beside what the loss keeps
+(`plan.memory.calls_transient`). Not counted: the one row a call makes when its mask selects none, and the
+time forward-mode AD's dual tensors cost beyond two forwards.
 """
 
 import math

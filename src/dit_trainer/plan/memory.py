@@ -9,7 +9,8 @@ already, unless the objective has FSDP gather float32), what FSDP gathers and re
 backward's transients. The peak is taken at the two ends of a backward pass: all activations and no
 gradients yet, or the gradients and what a schedule still keeps in flight. An objective whose loss
 runs through a JVP in float32 (`meanflow/costs.py`, `jvp: graph`) keeps float32 activations for its
-primal and tangent passes; its calls without gradient keep nothing for the backward.
+primal and tangent passes; its calls without gradient keep nothing for the backward, but run beside
+what the loss's forward keeps, each holding up to one block's forward over its rows (`calls_transient`).
 """
 
 from dataclasses import dataclass, fields, replace
@@ -140,7 +141,7 @@ def stage_of(costs, layout, pp_rank: int) -> tuple[int, bool, bool]:
 def rank_memory(costs, layout, global_batch: int, numerics: Numerics, profiles: int = 0, objective=NO_EXTRA) -> list:
     """One `RankMemory` per pipeline rank (data- and tensor-parallel peers hold the same), with
     `profiles` post-hoc EMA profiles tracked and the step's network calls `objective` (`meanflow.costs`)."""
-    return [_rank(costs, layout, global_batch, numerics.with_objective(objective), r, profiles, objective.loss)
+    return [_rank(costs, layout, global_batch, numerics.with_objective(objective), r, profiles, objective)
             for r in range(layout.pp)]
 
 
@@ -173,8 +174,23 @@ def resid_bytes(layout, numerics) -> int:
     return 2 if numerics.gather_bytes == 2 and _uses_fsdp(layout) else 4
 
 
-def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0, loss=NO_EXTRA.loss) -> RankMemory:
+def calls_transient(costs, layout, numerics, tokens, calls) -> float:
+    """The most one of `calls` (network calls without gradient, `meanflow.costs.Call`) holds at once over
+    `tokens` of the micro-batch: one block's forward working set over its rows, at most what a block keeps
+    for its backward (`saved["none"]`) at the call's widths, twice that inside a JVP (its tangent pass)."""
+    most = 0.0
+    for call in calls:
+        width = numerics.of_call(call)
+        kept = costs.saved["none"] + (costs.fused_attention if width.fused_attention else PerToken())
+        scores = 0 if width.fused_attention else costs.scores.nbytes(width.act_bytes, layout.tp)
+        size = call.share * tokens * (kept.nbytes(width.act_bytes, layout.tp, resid_bytes(layout, width)) + scores)
+        most = max(most, size * (2 if call.jvp else 1))
+    return most
+
+
+def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0, objective=NO_EXTRA) -> RankMemory:
     # The loss's call sets the widths of what the backward keeps (float32 through a JVP outside autocast).
+    loss, step_numerics = objective.loss, numerics
     layout, numerics = eager(layout, loss), numerics.of_call(loss)
     a, tp, r = numerics.act_bytes, layout.tp, resid_bytes(layout, numerics)
     blocks, first, last = stage_of(costs, layout, pp_rank)
@@ -195,6 +211,9 @@ def _rank(costs, layout, global_batch, numerics, pp_rank, profiles=0, loss=NO_EX
         # A block's backward leaves its unsharded gradient and the float32 reduce-scatter input,
         # which outweigh the activations it frees only at tiny batches.
         transient += max(0.0, (numerics.gather_bytes + 4) * block_local - block_mb)
+    # The objective's calls without gradient run after the loss's forward, beside all it keeps, before the
+    # backward: the larger of their working set and the backward's transients sits on top of the activations.
+    transient = max(transient, calls_transient(costs, layout, step_numerics, tokens, objective.extra))
     # Autocast casts the matmul weights unless FSDP gathers them in the activations' dtype already.
     autocast = a == 2 and (not _uses_fsdp(layout) or numerics.float32_gathers)
     matmul_local = costs.block.matmul - costs.block.tp_split + costs.block.tp_split / tp
