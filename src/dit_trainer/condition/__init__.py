@@ -13,6 +13,9 @@ _FACTORIES = {
     "text": "dit_trainer.condition.text:TextCondition.from_config",
 }
 _LAZY = {"Condition": "base", "ClassCondition": "label", "TextCondition": "text", "CAPTION_KEYS": "text"}
+# The config key of each condition's dropout share (its `Condition.dropout_key`), here so that torch-free
+# callers (the layout planner) read it as the conditions do.
+DROPOUT_KEYS = {"class": "model.class_dropout_prob", "text": "data.caption_dropout_prob"}
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
@@ -27,6 +30,13 @@ def list_conditions() -> list:
     return list(_FACTORIES)
 
 
+def dropout_prob(cfg, name: str) -> float:
+    """The dropout share condition `name` trains with in `cfg` (a registered condition without an entry in
+    DROPOUT_KEYS: the class labels')."""
+    section, key = DROPOUT_KEYS.get(name, DROPOUT_KEYS["class"]).split(".")
+    return getattr(getattr(cfg, section), key)
+
+
 def build_condition(cfg, spec, model=None):
     """The condition `spec.condition` names, built from the run's config and its model (the keyword
     arguments the model declares, its class count)."""
@@ -36,4 +46,4 @@ def build_condition(cfg, spec, model=None):
     return resolve(_FACTORIES[name])(cfg, model)
 
 
-__all__ = [*_LAZY, "build_condition", "list_conditions", "register_condition"]
+__all__ = [*_LAZY, "DROPOUT_KEYS", "build_condition", "dropout_prob", "list_conditions", "register_condition"]

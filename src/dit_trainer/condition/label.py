@@ -7,6 +7,7 @@ release's `LabelEmbedder.token_drop`), so the step's model call is the release's
 
 import torch
 
+from dit_trainer.condition import DROPOUT_KEYS
 from dit_trainer.condition.base import Condition
 from dit_trainer.errors import ConfigError
 
@@ -16,7 +17,7 @@ class ClassCondition(Condition):
 
     name = "class"
     keys = ("y",)
-    dropout_key = "model.class_dropout_prob"
+    dropout_key = DROPOUT_KEYS["class"]
 
     def __init__(self, num_classes: int, dropout_prob: float = 0.1):
         super().__init__(dropout_prob)

@@ -11,6 +11,7 @@ learned null caption. The null comes from the training data (`dataset.null_text(
 
 import torch
 
+from dit_trainer.condition import DROPOUT_KEYS
 from dit_trainer.condition.base import Condition
 from dit_trainer.errors import ConfigError, DataError
 
@@ -39,7 +40,7 @@ class TextCondition(Condition):
     """A caption per sample as a text encoder's outputs; dropped rows take the null caption's."""
 
     name = "text"
-    dropout_key = "data.caption_dropout_prob"
+    dropout_key = DROPOUT_KEYS["text"]
     grid_from_rows = True  # prompts (logging.validation_prompts) or held-out captions
 
     def __init__(self, keys, dropout_prob: float = 0.1, model_name: str = "the model", width=None, image_size=None):

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from dit_trainer.condition import dropout_prob
 from dit_trainer.config import given_keys
 from dit_trainer.devices import AUTO_COMPILE_MIN_STEPS, COMPILE_MIN_PARAMS
 from dit_trainer.errors import ConfigError
@@ -106,14 +107,9 @@ def model_costs(cfg):
     return costs.routed(routing.tokens_per_block()) if routing else costs
 
 
-# The config key of each condition's dropout share (condition/: ClassCondition, TextCondition).
-_DROPOUT = {"class": ("model", "class_dropout_prob"), "text": ("data", "caption_dropout_prob")}
-
-
 def step_calls(cfg):
     """The network calls of `cfg`'s train step beyond a flow-matching one (`meanflow.costs.ObjectiveCost`)."""
-    section, key = _DROPOUT.get(get_spec(cfg.model.name).condition, _DROPOUT["class"])
-    return objective_cost(cfg, getattr(getattr(cfg, section), key))
+    return objective_cost(cfg, dropout_prob(cfg, get_spec(cfg.model.name).condition))
 
 
 def plan_layouts(request: Request) -> list:
