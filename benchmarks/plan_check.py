@@ -31,6 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
+from dit_trainer.meanflow.demo import settings as demo_settings  # noqa: E402 (torch-free; after the path)
+
 DIT_S = {"name": "DiT-S/2", "depth": 4}
 DIT_B = {"name": "DiT-B/2", "depth": 2}
 LDIT = {"name": "LargeDiT-600M/2", "dim": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2}
@@ -57,7 +59,7 @@ CASES = {
     "mf_jvp_s": (1, DIT_S, 8, {}, {}),
     "mf_fsdp2_s": (2, DIT_S, 16, {"dp_shard": 2}, {}),
 }
-_DEMO_MF = {"omega": 1.1, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted"}
+_DEMO_MF = {k: v for k, v in demo_settings(0)["meanflow"].items() if k != "steps"}
 # Cases trained with another objective than the default (flow matching): their config sections.
 OBJECTIVES = {
     "mf_single_s": {"objective": "meanflow", "meanflow": _DEMO_MF},

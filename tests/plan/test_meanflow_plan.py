@@ -8,6 +8,7 @@ import torch
 
 from dit_trainer.config import build_config
 from dit_trainer.meanflow.costs import NO_EXTRA, Call, ObjectiveCost, moving_share, t_share
+from dit_trainer.meanflow.demo import settings as demo_settings
 from dit_trainer.meanflow.timesteps import sample_t_r
 from dit_trainer.plan import load_hardware, make_request, plan_layouts
 from dit_trainer.plan.layouts import Layout
@@ -16,8 +17,8 @@ from dit_trainer.plan.search import model_costs, step_calls
 from dit_trainer.plan.timing import Machine, _gather, step_time
 
 TINY_SIT = {"name": "SiT-S/2", "depth": 2, "hidden_size": 64, "num_heads": 4, "input_size": 8, "num_classes": 10}
-# The MeanFlow digits demo's settings (meanflow/demo.py).
-DEMO = {"omega": 1.1, "kappa": 0.0, "ratio": 0.75, "jvp": "difference", "tangent": "predicted"}
+# The MeanFlow digits demo's settings.
+DEMO = {k: v for k, v in demo_settings(0)["meanflow"].items() if k != "steps"}
 
 
 def _cfg(model=TINY_SIT, meanflow=None, objective=None, batch=8, **train):
